@@ -4,11 +4,7 @@ use std::{env, fs, path::PathBuf};
 
 use prost::Message as _;
 
-const PROTOS: &[&str] = &[
-    "tensorwire/v1/wire.proto",
-    "tensorwire/v1/service.proto",
-    "skytorch/torch/service.proto",
-];
+const PROTOS: &[&str] = &["tensorwire/v1/wire.proto", "tensorwire/v1/service.proto", "skytorch/torch/service.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {

@@ -101,9 +101,7 @@ impl TensorInfo {
             tensor.set_name(n.clone());
         }
         if !self.metadata.is_empty() {
-            tensor
-                .metadata_mut()
-                .extend(self.metadata.iter().map(|(k, v)| (k.clone(), v.clone())));
+            tensor.metadata_mut().extend(self.metadata.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         tensor
     }
@@ -316,12 +314,7 @@ pub trait Codec: Send + Sync + fmt::Debug {
 
     /// Decodes one tensor from its whole payload. `info` is what the sender's
     /// first chunk declared; whole-file codecs may treat it as a hint.
-    fn decode(
-        &self,
-        info: &TensorInfo,
-        payload: Bytes,
-        limits: &DecodeLimits,
-    ) -> Result<Tensor, DecodeError>;
+    fn decode(&self, info: &TensorInfo, payload: Bytes, limits: &DecodeLimits) -> Result<Tensor, DecodeError>;
 }
 
 /// The built-in codec for `kind`, if its cargo feature is enabled.
@@ -341,31 +334,17 @@ pub fn codec(kind: CodecKind) -> Result<&'static dyn Codec, DecodeError> {
 
 /// Codecs compiled into this build.
 pub fn available_codecs() -> Vec<CodecKind> {
-    CodecKind::ALL
-        .into_iter()
-        .filter(|k| codec(*k).is_ok())
-        .collect()
+    CodecKind::ALL.into_iter().filter(|k| codec(*k).is_ok()).collect()
 }
 
 /// Checks a header's shape against the limits: rank, and element bytes.
-pub fn check_shape(
-    dtype: DType,
-    shape: &[usize],
-    limits: &DecodeLimits,
-) -> Result<u64, DecodeError> {
+pub fn check_shape(dtype: DType, shape: &[usize], limits: &DecodeLimits) -> Result<u64, DecodeError> {
     if shape.len() > limits.max_dims {
-        return Err(DecodeError::TooManyDims {
-            dims: shape.len(),
-            limit: limits.max_dims,
-        });
+        return Err(DecodeError::TooManyDims { dims: shape.len(), limit: limits.max_dims });
     }
     let bytes = crate::tensor::byte_size(dtype, shape)? as u64;
     if bytes > limits.max_tensor_bytes {
-        return Err(DecodeError::TooLarge {
-            what: "tensor",
-            size: bytes,
-            limit: limits.max_tensor_bytes,
-        });
+        return Err(DecodeError::TooLarge { what: "tensor", size: bytes, limit: limits.max_tensor_bytes });
     }
     Ok(bytes)
 }

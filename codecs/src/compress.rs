@@ -52,10 +52,7 @@ impl Compression {
 
     /// Compressions compiled into this build (zstd at level 3 as the representative).
     pub fn available() -> Vec<Compression> {
-        [Compression::None, Compression::Lz4, Compression::Zstd(3)]
-            .into_iter()
-            .filter(|c| c.is_available())
-            .collect()
+        [Compression::None, Compression::Lz4, Compression::Zstd(3)].into_iter().filter(|c| c.is_available()).collect()
     }
 }
 
@@ -241,12 +238,8 @@ impl Compressor {
             #[cfg(feature = "lz4")]
             Compression::Lz4 => {
                 let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(src.len())];
-                let n = lz4_flex::block::compress_into(src, &mut out).map_err(|e| {
-                    EncodeError::Compress {
-                        compression: "lz4",
-                        reason: e.to_string(),
-                    }
-                })?;
+                let n = lz4_flex::block::compress_into(src, &mut out)
+                    .map_err(|e| EncodeError::Compress { compression: "lz4", reason: e.to_string() })?;
                 out.truncate(n);
                 out
             }
@@ -255,21 +248,14 @@ impl Compressor {
                 let ctx = match &mut self.zstd {
                     Some((l, c)) if *l == level => c,
                     slot => {
-                        let c = zstd::bulk::Compressor::new(level).map_err(|e| {
-                            EncodeError::Compress {
-                                compression: "zstd",
-                                reason: e.to_string(),
-                            }
-                        })?;
+                        let c = zstd::bulk::Compressor::new(level)
+                            .map_err(|e| EncodeError::Compress { compression: "zstd", reason: e.to_string() })?;
                         &mut slot.insert((level, c)).1
                     }
                 };
                 let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(src.len()));
                 ctx.compress_to_buffer(src, &mut out)
-                    .map_err(|e| EncodeError::Compress {
-                        compression: "zstd",
-                        reason: e.to_string(),
-                    })?;
+                    .map_err(|e| EncodeError::Compress { compression: "zstd", reason: e.to_string() })?;
                 out
             }
             #[allow(unreachable_patterns)]
@@ -333,38 +319,26 @@ impl Decompressor {
         result
     }
 
-    fn decompress_raw(
-        &mut self,
-        compression: Compression,
-        input: &[u8],
-        dst: &mut [u8],
-    ) -> Result<(), DecodeError> {
+    fn decompress_raw(&mut self, compression: Compression, input: &[u8], dst: &mut [u8]) -> Result<(), DecodeError> {
         let want = dst.len();
         let got = match compression {
             Compression::None => unreachable!("handled by decompress"),
             #[cfg(feature = "lz4")]
-            Compression::Lz4 => lz4_flex::block::decompress_into(input, dst).map_err(|e| {
-                DecodeError::Decompress {
-                    compression: "lz4",
-                    reason: e.to_string(),
-                }
-            })?,
+            Compression::Lz4 => lz4_flex::block::decompress_into(input, dst)
+                .map_err(|e| DecodeError::Decompress { compression: "lz4", reason: e.to_string() })?,
             #[cfg(feature = "zstd")]
             Compression::Zstd(_) => {
                 let d = match &mut self.zstd {
                     Some(d) => d,
-                    slot => slot.insert(zstd::bulk::Decompressor::new().map_err(|e| {
-                        DecodeError::Decompress {
-                            compression: "zstd",
-                            reason: e.to_string(),
-                        }
-                    })?),
+                    slot => slot.insert(
+                        zstd::bulk::Decompressor::new()
+                            .map_err(|e| DecodeError::Decompress { compression: "zstd", reason: e.to_string() })?,
+                    ),
                 };
-                d.decompress_to_buffer(input, dst)
-                    .map_err(|e| DecodeError::Decompress {
-                        compression: "zstd",
-                        reason: format!("{e} (the chunk declares {want} decoded bytes)"),
-                    })?
+                d.decompress_to_buffer(input, dst).map_err(|e| DecodeError::Decompress {
+                    compression: "zstd",
+                    reason: format!("{e} (the chunk declares {want} decoded bytes)"),
+                })?
             }
             #[allow(unreachable_patterns)]
             other => return Err(DecodeError::NotEnabled(other.name())),
@@ -399,18 +373,9 @@ pub struct AutoChoice {
 /// `link_bytes_per_sec`, and decompressing — beats sending uncompressed by at
 /// least 10%. An unknown or very fast link (e.g. loopback) therefore keeps
 /// compression off.
-pub fn choose_auto(
-    compressor: &mut Compressor,
-    sample: &[u8],
-    itemsize: usize,
-    link_bytes_per_sec: f64,
-) -> AutoChoice {
-    let none = AutoChoice {
-        compression: Compression::None,
-        shuffle: 0,
-        estimated_rate: link_bytes_per_sec,
-        ratio: 1.0,
-    };
+pub fn choose_auto(compressor: &mut Compressor, sample: &[u8], itemsize: usize, link_bytes_per_sec: f64) -> AutoChoice {
+    let none =
+        AutoChoice { compression: Compression::None, shuffle: 0, estimated_rate: link_bytes_per_sec, ratio: 1.0 };
     if sample.len() < 1024 || !link_bytes_per_sec.is_finite() || link_bytes_per_sec <= 0.0 {
         return none;
     }
@@ -443,12 +408,7 @@ pub fn choose_auto(
         let ratio = n / packed.len() as f64;
         let rate = (n / tc).min(link_bytes_per_sec * ratio).min(n / td);
         if rate > best.estimated_rate * 1.1 && rate > best.estimated_rate {
-            best = AutoChoice {
-                compression: c,
-                shuffle: s,
-                estimated_rate: rate,
-                ratio,
-            };
+            best = AutoChoice { compression: c, shuffle: s, estimated_rate: rate, ratio };
         }
     }
     if best.compression != Compression::None && best.estimated_rate < link_bytes_per_sec * 1.1 {
@@ -462,9 +422,7 @@ mod tests {
     use super::*;
 
     fn ramp_f32(n: usize) -> Vec<u8> {
-        (0..n)
-            .flat_map(|i| (i as f32 * 1e-3).to_le_bytes())
-            .collect()
+        (0..n).flat_map(|i| (i as f32 * 1e-3).to_le_bytes()).collect()
     }
 
     #[test]
@@ -486,16 +444,10 @@ mod tests {
 
     #[test]
     fn parse_names() {
-        assert_eq!(
-            "zstd:7".parse::<Compression>().unwrap(),
-            Compression::Zstd(7)
-        );
+        assert_eq!("zstd:7".parse::<Compression>().unwrap(), Compression::Zstd(7));
         assert_eq!("lz4".parse::<Compression>().unwrap(), Compression::Lz4);
         assert!("zstd:99".parse::<Compression>().is_err());
-        assert_eq!(
-            "auto".parse::<CompressionMode>().unwrap(),
-            CompressionMode::Auto
-        );
+        assert_eq!("auto".parse::<CompressionMode>().unwrap(), CompressionMode::Auto);
         assert_eq!(Compression::Zstd(3).to_string(), "zstd:3");
     }
 
@@ -524,19 +476,8 @@ mod tests {
             }
         }
         let mut out = vec![0; 100];
-        assert!(
-            d.decompress(Compression::Lz4, 0, &[0xff; 10], &mut out)
-                .is_err()
-        );
-        assert!(
-            d.decompress(
-                Compression::Zstd(1),
-                0,
-                &[0x28, 0xb5, 0x2f, 0xfd, 0, 0],
-                &mut out
-            )
-            .is_err()
-        );
+        assert!(d.decompress(Compression::Lz4, 0, &[0xff; 10], &mut out).is_err());
+        assert!(d.decompress(Compression::Zstd(1), 0, &[0x28, 0xb5, 0x2f, 0xfd, 0, 0], &mut out).is_err());
     }
 
     #[cfg(feature = "zstd")]
@@ -544,21 +485,11 @@ mod tests {
     fn shuffle_makes_ramps_compress() {
         let data = ramp_f32(1 << 18);
         let mut c = Compressor::new();
-        let plain = c
-            .compress(Compression::Zstd(1), 0, &data)
-            .unwrap()
-            .map_or(data.len(), |v| v.len());
-        let shuffled = c
-            .compress(Compression::Zstd(1), 4, &data)
-            .unwrap()
-            .unwrap()
-            .len();
+        let plain = c.compress(Compression::Zstd(1), 0, &data).unwrap().map_or(data.len(), |v| v.len());
+        let shuffled = c.compress(Compression::Zstd(1), 4, &data).unwrap().unwrap().len();
         let r_plain = data.len() as f64 / plain as f64;
         let r_shuf = data.len() as f64 / shuffled as f64;
-        assert!(
-            r_shuf > 4.0 * r_plain,
-            "plain {r_plain:.1}x shuffled {r_shuf:.1}x"
-        );
+        assert!(r_shuf > 4.0 * r_plain, "plain {r_plain:.1}x shuffled {r_shuf:.1}x");
     }
 
     #[cfg(all(feature = "lz4", feature = "zstd"))]

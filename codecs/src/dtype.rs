@@ -300,11 +300,7 @@ fn nearest_code(a: f32, max_code: u8, value: impl Fn(u8) -> f32) -> Option<u8> {
     if a >= max {
         let below = value(max_code - 1);
         let half_ulp = (max - below) / 2.0;
-        return if a < max + half_ulp || (a == max + half_ulp && max_code % 2 == 0) {
-            Some(max_code)
-        } else {
-            None
-        };
+        return if a < max + half_ulp || (a == max + half_ulp && max_code % 2 == 0) { Some(max_code) } else { None };
     }
     // Values are increasing in the code; binary search the first code >= a.
     let (mut lo, mut hi) = (0u8, max_code);
@@ -321,11 +317,7 @@ fn nearest_code(a: f32, max_code: u8, value: impl Fn(u8) -> f32) -> Option<u8> {
     }
     let (up, down) = (value(lo), value(lo - 1));
     let (du, dd) = (up - a, a - down);
-    Some(if du < dd || (du == dd && lo % 2 == 0) {
-        lo
-    } else {
-        lo - 1
-    })
+    Some(if du < dd || (du == dd && lo % 2 == 0) { lo } else { lo - 1 })
 }
 
 #[cfg(test)]

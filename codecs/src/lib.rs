@@ -44,8 +44,7 @@ pub mod tensor;
 pub mod torch;
 
 pub use codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo,
-    available_codecs, codec,
+    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, available_codecs, codec,
 };
 pub use compress::{Compression, CompressionMode};
 pub use dtype::{Complex, DType, Element, F8E4M3, F8E5M2};

@@ -8,8 +8,7 @@
 use bytes::Bytes;
 
 use crate::codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned,
-    check_shape,
+    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned, check_shape,
 };
 use crate::tensor::{Storage, Tensor, contiguous_strides, view_extent};
 
@@ -33,22 +32,13 @@ impl Codec for RawCodec {
         } else {
             tensor.to_contiguous_bytes()?
         };
-        Ok(Encoded {
-            info,
-            segments: vec![data],
-        })
+        Ok(Encoded { info, segments: vec![data] })
     }
 
-    fn decode(
-        &self,
-        info: &TensorInfo,
-        payload: Bytes,
-        limits: &DecodeLimits,
-    ) -> Result<Tensor, DecodeError> {
-        let dtype = info.dtype.ok_or_else(|| DecodeError::Malformed {
-            format: "raw tensor header",
-            reason: "no dtype given".into(),
-        })?;
+    fn decode(&self, info: &TensorInfo, payload: Bytes, limits: &DecodeLimits) -> Result<Tensor, DecodeError> {
+        let dtype = info
+            .dtype
+            .ok_or_else(|| DecodeError::Malformed { format: "raw tensor header", reason: "no dtype given".into() })?;
         let nbytes = check_shape(dtype, &info.shape, limits)?;
         if payload.len() as u64 != nbytes {
             return Err(DecodeError::Malformed {
@@ -71,20 +61,11 @@ impl Codec for RawCodec {
                 // exactly the view's elements, none twice (a zero stride would
                 // let a small payload claim a huge logical size).
                 let extent = view_extent(dtype, &info.shape, strides, 0)?;
-                let t = Tensor::from_strided(
-                    dtype,
-                    info.shape.clone(),
-                    strides.clone(),
-                    0,
-                    Storage::Host(payload),
-                )?;
+                let t = Tensor::from_strided(dtype, info.shape.clone(), strides.clone(), 0, Storage::Host(payload))?;
                 if extent as u64 != nbytes || !t.is_dense() {
                     return Err(DecodeError::Malformed {
                         format: "raw tensor header",
-                        reason: format!(
-                            "strides {strides:?} for shape {:?} are not a dense layout",
-                            info.shape
-                        ),
+                        reason: format!("strides {strides:?} for shape {:?} are not a dense layout", info.shape),
                     });
                 }
                 t
@@ -101,16 +82,12 @@ mod tests {
 
     fn round_trip(t: &Tensor) -> Tensor {
         let e = RawCodec.encode(t).unwrap();
-        RawCodec
-            .decode(&e.info, e.to_bytes(), &DecodeLimits::default())
-            .unwrap()
+        RawCodec.decode(&e.info, e.to_bytes(), &DecodeLimits::default()).unwrap()
     }
 
     #[test]
     fn contiguous_is_zero_copy() {
-        let t = Tensor::from_vec([3, 4], (0..12).map(|x| x as f32).collect::<Vec<_>>())
-            .unwrap()
-            .with_name("w");
+        let t = Tensor::from_vec([3, 4], (0..12).map(|x| x as f32).collect::<Vec<_>>()).unwrap().with_name("w");
         let e = RawCodec.encode(&t).unwrap();
         assert_eq!(e.segments[0].as_ptr(), t.host_storage().unwrap().as_ptr());
         let back = round_trip(&t);
@@ -143,18 +120,9 @@ mod tests {
     #[test]
     fn lying_headers_are_refused() {
         let limits = DecodeLimits::default();
-        let info = TensorInfo {
-            dtype: Some(DType::Float32),
-            shape: vec![2, 3],
-            ..Default::default()
-        };
-        let e = RawCodec
-            .decode(&info, Bytes::from(vec![0u8; 20]), &limits)
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("needs 24 bytes, but 20 arrived"),
-            "{e}"
-        );
+        let info = TensorInfo { dtype: Some(DType::Float32), shape: vec![2, 3], ..Default::default() };
+        let e = RawCodec.decode(&info, Bytes::from(vec![0u8; 20]), &limits).unwrap_err();
+        assert!(e.to_string().contains("needs 24 bytes, but 20 arrived"), "{e}");
         // A zero stride claiming 2^40 elements from 4 bytes.
         let info = TensorInfo {
             dtype: Some(DType::Float32),
@@ -166,17 +134,10 @@ mod tests {
             RawCodec.decode(&info, Bytes::from(vec![0u8; 4]), &limits),
             Err(DecodeError::TooLarge { .. })
         ));
-        let info = TensorInfo {
-            dtype: Some(DType::Float32),
-            shape: vec![1; 65],
-            ..Default::default()
-        };
+        let info = TensorInfo { dtype: Some(DType::Float32), shape: vec![1; 65], ..Default::default() };
         assert!(matches!(
             RawCodec.decode(&info, Bytes::from(vec![0u8; 4]), &limits),
-            Err(DecodeError::TooManyDims {
-                dims: 65,
-                limit: 64
-            })
+            Err(DecodeError::TooManyDims { dims: 65, limit: 64 })
         ));
         let info = TensorInfo {
             dtype: Some(DType::UInt8),
@@ -184,10 +145,6 @@ mod tests {
             strides: Some(vec![1, 1]),
             ..Default::default()
         };
-        assert!(
-            RawCodec
-                .decode(&info, Bytes::from(vec![0u8; 4]), &limits)
-                .is_err()
-        );
+        assert!(RawCodec.decode(&info, Bytes::from(vec![0u8; 4]), &limits).is_err());
     }
 }

@@ -13,8 +13,7 @@ use safetensors::tensor::{Metadata, TensorInfo as StInfo};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned,
-    check_shape,
+    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned, check_shape,
 };
 use crate::dtype::DType;
 use crate::tensor::Tensor;
@@ -61,10 +60,7 @@ fn from_st(d: Dtype) -> Result<DType, DecodeError> {
         Dtype::F8_E4M3 => DType::Float8E4M3Fn,
         Dtype::F8_E5M2 => DType::Float8E5M2,
         other => {
-            return Err(DecodeError::UnsupportedDType {
-                format: "safetensors",
-                dtype: format!("{other:?}"),
-            });
+            return Err(DecodeError::UnsupportedDType { format: "safetensors", dtype: format!("{other:?}") });
         }
     })
 }
@@ -84,33 +80,18 @@ pub fn save(
         })?;
         items.push((name.clone(), t.clone(), dt));
     }
-    items.sort_by(|a, b| {
-        b.1.dtype()
-            .itemsize()
-            .cmp(&a.1.dtype().itemsize())
-            .then_with(|| a.0.cmp(&b.0))
-    });
+    items.sort_by(|a, b| b.1.dtype().itemsize().cmp(&a.1.dtype().itemsize()).then_with(|| a.0.cmp(&b.0)));
     let mut infos = Vec::with_capacity(items.len());
     let mut data = Vec::with_capacity(items.len());
     let mut offset = 0usize;
     for (name, t, dt) in items {
         let bytes = t.to_contiguous_bytes()?;
         let end = offset + bytes.len();
-        infos.push((
-            name,
-            StInfo {
-                dtype: dt,
-                shape: t.shape().to_vec(),
-                data_offsets: (offset, end),
-            },
-        ));
+        infos.push((name, StInfo { dtype: dt, shape: t.shape().to_vec(), data_offsets: (offset, end) }));
         offset = end;
         data.push(bytes);
     }
-    let bad = |e: String| EncodeError::Unsupported {
-        codec: "safetensors",
-        reason: e,
-    };
+    let bad = |e: String| EncodeError::Unsupported { codec: "safetensors", reason: e };
     let meta = Metadata::new(metadata, infos).map_err(|e| bad(e.to_string()))?;
     let mut header = serde_json::to_vec(&meta).map_err(|e| bad(e.to_string()))?;
     // Pad with spaces so tensor data starts 8-byte aligned, as the crate does.
@@ -134,14 +115,10 @@ pub struct Loaded {
 
 /// Reads a safetensors file, checking every tensor against `limits`.
 pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Loaded, DecodeError> {
-    let st = SafeTensors::deserialize(&file).map_err(|e| DecodeError::Malformed {
-        format: "safetensors",
-        reason: e.to_string(),
-    })?;
-    let (_, meta) = SafeTensors::read_metadata(&file).map_err(|e| DecodeError::Malformed {
-        format: "safetensors",
-        reason: e.to_string(),
-    })?;
+    let st = SafeTensors::deserialize(&file)
+        .map_err(|e| DecodeError::Malformed { format: "safetensors", reason: e.to_string() })?;
+    let (_, meta) = SafeTensors::read_metadata(&file)
+        .map_err(|e| DecodeError::Malformed { format: "safetensors", reason: e.to_string() })?;
     if st.len() > limits.max_tensors {
         return Err(DecodeError::LimitExceeded {
             what: "tensors in file",
@@ -152,20 +129,15 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Loaded, DecodeError> {
     let base = file.as_ptr() as usize;
     let mut tensors = Vec::with_capacity(st.len());
     for name in meta.offset_keys() {
-        let view = st.tensor(&name).map_err(|e| DecodeError::Malformed {
-            format: "safetensors",
-            reason: e.to_string(),
-        })?;
+        let view =
+            st.tensor(&name).map_err(|e| DecodeError::Malformed { format: "safetensors", reason: e.to_string() })?;
         let dtype = from_st(view.dtype())?;
         check_shape(dtype, view.shape(), limits)?;
         let start = view.data().as_ptr() as usize - base;
         let data = aligned(file.slice(start..start + view.data().len()), dtype.align());
         tensors.push((name, Tensor::new(dtype, view.shape().to_vec(), data)?));
     }
-    Ok(Loaded {
-        tensors,
-        metadata: meta.metadata().clone().unwrap_or_default(),
-    })
+    Ok(Loaded { tensors, metadata: meta.metadata().clone().unwrap_or_default() })
 }
 
 /// The safetensors codec for the pipeline: one tensor per payload, named by
@@ -180,26 +152,13 @@ impl Codec for SafetensorsCodec {
 
     fn encode(&self, tensor: &Tensor) -> Result<Encoded, EncodeError> {
         let name = tensor.name().unwrap_or("tensor").to_string();
-        let meta = (!tensor.metadata().is_empty()).then(|| {
-            tensor
-                .metadata()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        });
+        let meta = (!tensor.metadata().is_empty())
+            .then(|| tensor.metadata().iter().map(|(k, v)| (k.clone(), v.clone())).collect());
         let segments = save(&[(name, tensor.clone())], meta)?;
-        Ok(Encoded {
-            info: TensorInfo::of(tensor),
-            segments,
-        })
+        Ok(Encoded { info: TensorInfo::of(tensor), segments })
     }
 
-    fn decode(
-        &self,
-        info: &TensorInfo,
-        payload: Bytes,
-        limits: &DecodeLimits,
-    ) -> Result<Tensor, DecodeError> {
+    fn decode(&self, info: &TensorInfo, payload: Bytes, limits: &DecodeLimits) -> Result<Tensor, DecodeError> {
         let loaded = load(payload, limits)?;
         let n = loaded.tensors.len();
         let Some((name, mut t)) = loaded.tensors.into_iter().next().filter(|_| n == 1) else {
@@ -230,21 +189,11 @@ mod tests {
     fn file_round_trip_with_metadata() {
         let a = Tensor::from_vec([2, 2], vec![1.0f64, 2.0, 3.0, 4.0]).unwrap();
         let b = Tensor::from_vec([3], vec![1u8, 2, 3]).unwrap();
-        let c = Tensor::from_vec([2, 3], (0..6i32).collect::<Vec<_>>())
-            .unwrap()
-            .transpose(0, 1)
-            .unwrap();
+        let c = Tensor::from_vec([2, 3], (0..6i32).collect::<Vec<_>>()).unwrap().transpose(0, 1).unwrap();
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         let file = join(
-            save(
-                &[
-                    ("b".into(), b.clone()),
-                    ("a".into(), a.clone()),
-                    ("c".into(), c.clone()),
-                ],
-                Some(meta.clone()),
-            )
-            .unwrap(),
+            save(&[("b".into(), b.clone()), ("a".into(), a.clone()), ("c".into(), c.clone())], Some(meta.clone()))
+                .unwrap(),
         );
         let back = load(file, &DecodeLimits::default()).unwrap();
         assert_eq!(back.metadata, meta);
@@ -258,21 +207,13 @@ mod tests {
 
     #[test]
     fn codec_and_bad_input() {
-        let t = Tensor::from_vec([4], vec![1.5f32; 4])
-            .unwrap()
-            .with_name("w")
-            .with_metadata("k", "v");
+        let t = Tensor::from_vec([4], vec![1.5f32; 4]).unwrap().with_name("w").with_metadata("k", "v");
         let e = SafetensorsCodec.encode(&t).unwrap();
-        let back = SafetensorsCodec
-            .decode(&e.info, e.to_bytes(), &DecodeLimits::default())
-            .unwrap();
+        let back = SafetensorsCodec.decode(&e.info, e.to_bytes(), &DecodeLimits::default()).unwrap();
         assert!(back.data_eq(&t));
         assert_eq!(back.metadata().get("k").map(String::as_str), Some("v"));
         let c128 = Tensor::zeros(DType::Complex128, [1]).unwrap();
-        assert!(matches!(
-            SafetensorsCodec.encode(&c128),
-            Err(EncodeError::Unsupported { .. })
-        ));
+        assert!(matches!(SafetensorsCodec.encode(&c128), Err(EncodeError::Unsupported { .. })));
         let bytes = e.to_bytes();
         for cut in 0..bytes.len() {
             assert!(load(bytes.slice(..cut), &DecodeLimits::default()).is_err());
@@ -280,10 +221,7 @@ mod tests {
         let mut lying = bytes.to_vec();
         lying[..8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(load(Bytes::from(lying), &DecodeLimits::default()).is_err());
-        let l = DecodeLimits {
-            max_tensor_bytes: 8,
-            ..Default::default()
-        };
+        let l = DecodeLimits { max_tensor_bytes: 8, ..Default::default() };
         assert!(matches!(load(bytes, &l), Err(DecodeError::TooLarge { .. })));
     }
 }

@@ -290,49 +290,24 @@ impl<T: Element> AsRef<[u8]> for VecOwner<T> {
 impl Tensor {
     /// A contiguous host tensor over `data`, which must hold exactly
     /// `numel × itemsize` bytes.
-    pub fn new(
-        dtype: DType,
-        shape: impl Into<Vec<usize>>,
-        data: impl Into<Bytes>,
-    ) -> Result<Self, TensorError> {
+    pub fn new(dtype: DType, shape: impl Into<Vec<usize>>, data: impl Into<Bytes>) -> Result<Self, TensorError> {
         let shape = shape.into();
         let data = data.into();
         let expected = byte_size(dtype, &shape)?;
         if expected != data.len() {
-            return Err(TensorError::SizeMismatch {
-                dtype,
-                shape,
-                expected,
-                actual: data.len(),
-            });
+            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: data.len() });
         }
         let strides = contiguous_strides(&shape);
-        Ok(Self::from_parts_unchecked(
-            dtype,
-            shape,
-            strides,
-            0,
-            Storage::Host(data),
-        ))
+        Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, Storage::Host(data)))
     }
 
     /// A contiguous tensor copied from a typed slice.
-    pub fn from_slice<T: Element>(
-        shape: impl Into<Vec<usize>>,
-        values: &[T],
-    ) -> Result<Self, TensorError> {
-        Self::new(
-            T::DTYPE,
-            shape,
-            AlignedBuf::from_slice(bytemuck::cast_slice(values)).freeze(),
-        )
+    pub fn from_slice<T: Element>(shape: impl Into<Vec<usize>>, values: &[T]) -> Result<Self, TensorError> {
+        Self::new(T::DTYPE, shape, AlignedBuf::from_slice(bytemuck::cast_slice(values)).freeze())
     }
 
     /// A contiguous tensor that takes ownership of `values` without copying.
-    pub fn from_vec<T: Element>(
-        shape: impl Into<Vec<usize>>,
-        values: Vec<T>,
-    ) -> Result<Self, TensorError> {
+    pub fn from_vec<T: Element>(shape: impl Into<Vec<usize>>, values: Vec<T>) -> Result<Self, TensorError> {
         Self::new(T::DTYPE, shape, Bytes::from_owner(VecOwner(values)))
     }
 
@@ -361,21 +336,13 @@ impl Tensor {
         let shape = shape.into();
         let strides = strides.into();
         if strides.len() != shape.len() {
-            return Err(TensorError::StridesLength {
-                dims: shape.len(),
-                strides: strides.len(),
-            });
+            return Err(TensorError::StridesLength { dims: shape.len(), strides: strides.len() });
         }
         let needed = view_extent(dtype, &shape, &strides, offset)?;
         if needed > storage.len() {
-            return Err(TensorError::OutOfBounds {
-                needed,
-                available: storage.len(),
-            });
+            return Err(TensorError::OutOfBounds { needed, available: storage.len() });
         }
-        Ok(Self::from_parts_unchecked(
-            dtype, shape, strides, offset, storage,
-        ))
+        Ok(Self::from_parts_unchecked(dtype, shape, strides, offset, storage))
     }
 
     /// A contiguous tensor in device memory.
@@ -387,21 +354,10 @@ impl Tensor {
         let shape = shape.into();
         let expected = byte_size(dtype, &shape)?;
         if expected != buffer.len() {
-            return Err(TensorError::SizeMismatch {
-                dtype,
-                shape,
-                expected,
-                actual: buffer.len(),
-            });
+            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: buffer.len() });
         }
         let strides = contiguous_strides(&shape);
-        Ok(Self::from_parts_unchecked(
-            dtype,
-            shape,
-            strides,
-            0,
-            Storage::Device(buffer),
-        ))
+        Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, Storage::Device(buffer)))
     }
 
     fn from_parts_unchecked(
@@ -411,15 +367,7 @@ impl Tensor {
         offset: usize,
         storage: Storage,
     ) -> Self {
-        Self {
-            dtype,
-            shape,
-            strides,
-            offset,
-            storage,
-            name: None,
-            metadata: BTreeMap::new(),
-        }
+        Self { dtype, shape, strides, offset, storage, name: None, metadata: BTreeMap::new() }
     }
 
     /// Element type.
@@ -525,13 +473,8 @@ impl Tensor {
         if self.numel() == 0 {
             return true;
         }
-        let mut dims: Vec<(usize, usize)> = self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, &s)| (s, d))
-            .collect();
+        let mut dims: Vec<(usize, usize)> =
+            self.shape.iter().zip(&self.strides).filter(|(d, _)| **d != 1).map(|(&d, &s)| (s, d)).collect();
         dims.sort_unstable();
         let mut expected = 1usize;
         for (s, d) in dims {
@@ -598,9 +541,7 @@ impl Tensor {
     pub fn as_bytes(&self) -> Result<&[u8], TensorError> {
         let storage = self.host_storage()?;
         if !self.is_contiguous() {
-            return Err(TensorError::NotContiguous {
-                strides: self.strides.clone(),
-            });
+            return Err(TensorError::NotContiguous { strides: self.strides.clone() });
         }
         let start = self.offset * self.dtype.itemsize();
         Ok(&storage[start..start + self.nbytes()])
@@ -611,10 +552,8 @@ impl Tensor {
     pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
         self.check_dtype(T::DTYPE)?;
         let bytes = self.as_bytes()?;
-        bytemuck::try_cast_slice(bytes).map_err(|_| TensorError::Misaligned {
-            dtype: self.dtype,
-            align: self.dtype.align(),
-        })
+        bytemuck::try_cast_slice(bytes)
+            .map_err(|_| TensorError::Misaligned { dtype: self.dtype, align: self.dtype.align() })
     }
 
     /// The elements copied into a `Vec<T>`, in row-major order; works for any
@@ -644,10 +583,7 @@ impl Tensor {
 
     fn check_dtype(&self, requested: DType) -> Result<(), TensorError> {
         if self.dtype != requested {
-            return Err(TensorError::DTypeMismatch {
-                actual: self.dtype,
-                requested,
-            });
+            return Err(TensorError::DTypeMismatch { actual: self.dtype, requested });
         }
         Ok(())
     }
@@ -657,15 +593,8 @@ impl Tensor {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor, TensorError> {
         let dims = self.dim();
         let mut seen = vec![false; dims];
-        if perm.len() != dims
-            || perm
-                .iter()
-                .any(|&p| p >= dims || std::mem::replace(&mut seen[p], true))
-        {
-            return Err(TensorError::InvalidPermutation {
-                perm: perm.to_vec(),
-                dims,
-            });
+        if perm.len() != dims || perm.iter().any(|&p| p >= dims || std::mem::replace(&mut seen[p], true)) {
+            return Err(TensorError::InvalidPermutation { perm: perm.to_vec(), dims });
         }
         let mut t = self.clone();
         t.shape = perm.iter().map(|&p| self.shape[p]).collect();
@@ -694,12 +623,7 @@ impl Tensor {
         }
         let size = self.shape[dim];
         if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(TensorError::Narrow {
-                dim,
-                start,
-                len,
-                size,
-            });
+            return Err(TensorError::Narrow { dim, start, len, size });
         }
         let mut t = self.clone();
         if len > 0 {
@@ -713,16 +637,9 @@ impl Tensor {
     pub fn reshape(&self, shape: impl Into<Vec<usize>>) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         if checked_numel(&shape) != Some(self.numel()) {
-            return Err(TensorError::Reshape {
-                from: self.shape.clone(),
-                to: shape,
-            });
+            return Err(TensorError::Reshape { from: self.shape.clone(), to: shape });
         }
-        let mut t = if self.is_contiguous() {
-            self.clone()
-        } else {
-            self.contiguous()?
-        };
+        let mut t = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
         t.strides = contiguous_strides(&shape);
         t.shape = shape;
         Ok(t)
@@ -818,10 +735,7 @@ impl AlignedBuf {
     /// `len` zero bytes. Large buffers come from `calloc`, so untouched pages
     /// cost nothing until written.
     pub fn zeroed(len: usize) -> Self {
-        Self {
-            words: vec![0u128; len.div_ceil(16)],
-            len,
-        }
+        Self { words: vec![0u128; len.div_ceil(16)], len }
     }
 
     /// A copy of `src`.
@@ -865,9 +779,7 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
     }
 }
 
@@ -875,24 +787,13 @@ impl fmt::Debug for AlignedBuf {
 pub fn byte_size(dtype: DType, shape: &[usize]) -> Result<usize, TensorError> {
     checked_numel(shape)
         .and_then(|n| n.checked_mul(dtype.itemsize()))
-        .ok_or_else(|| TensorError::Overflow {
-            dtype,
-            shape: shape.to_vec(),
-        })
+        .ok_or_else(|| TensorError::Overflow { dtype, shape: shape.to_vec() })
 }
 
 /// Storage bytes a strided view reaches: `(offset + Σ(dᵢ-1)·sᵢ + 1) × itemsize`,
 /// or 0 for an empty view.
-pub fn view_extent(
-    dtype: DType,
-    shape: &[usize],
-    strides: &[usize],
-    offset: usize,
-) -> Result<usize, TensorError> {
-    let overflow = || TensorError::Overflow {
-        dtype,
-        shape: shape.to_vec(),
-    };
+pub fn view_extent(dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> Result<usize, TensorError> {
+    let overflow = || TensorError::Overflow { dtype, shape: shape.to_vec() };
     let n = checked_numel(shape).ok_or_else(overflow)?;
     n.checked_mul(dtype.itemsize()).ok_or_else(overflow)?;
     if n == 0 {
@@ -900,14 +801,9 @@ pub fn view_extent(
     }
     let mut last = offset;
     for (&d, &s) in shape.iter().zip(strides) {
-        last = (d - 1)
-            .checked_mul(s)
-            .and_then(|x| x.checked_add(last))
-            .ok_or_else(overflow)?;
+        last = (d - 1).checked_mul(s).and_then(|x| x.checked_add(last)).ok_or_else(overflow)?;
     }
-    last.checked_add(1)
-        .and_then(|x| x.checked_mul(dtype.itemsize()))
-        .ok_or_else(overflow)
+    last.checked_add(1).and_then(|x| x.checked_mul(dtype.itemsize())).ok_or_else(overflow)
 }
 
 #[cfg(test)]
@@ -922,54 +818,30 @@ mod tests {
     #[test]
     fn size_mismatch_is_an_error() {
         let e = Tensor::new(DType::Float32, [2, 3], vec![0u8; 20]).unwrap_err();
-        assert_eq!(
-            e,
-            TensorError::SizeMismatch {
-                dtype: DType::Float32,
-                shape: vec![2, 3],
-                expected: 24,
-                actual: 20
-            }
-        );
+        assert_eq!(e, TensorError::SizeMismatch { dtype: DType::Float32, shape: vec![2, 3], expected: 24, actual: 20 });
         assert!(e.to_string().contains("needs 24 bytes"));
-        assert!(matches!(
-            Tensor::zeros(DType::Float64, [usize::MAX, 2]),
-            Err(TensorError::Overflow { .. })
-        ));
+        assert!(matches!(Tensor::zeros(DType::Float64, [usize::MAX, 2]), Err(TensorError::Overflow { .. })));
     }
 
     #[test]
     fn typed_views() {
         let t = Tensor::from_slice([2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
-        assert!(matches!(
-            t.as_slice::<i32>(),
-            Err(TensorError::DTypeMismatch { .. })
-        ));
+        assert!(matches!(t.as_slice::<i32>(), Err(TensorError::DTypeMismatch { .. })));
         // A view starting at an odd byte address: borrowed views refuse, to_vec copies.
         let raw = Bytes::from(vec![0u8; 17]);
         let t = Tensor::new(DType::Float32, [4], raw.slice(1..17)).unwrap();
         if (raw.as_ptr() as usize + 1) % 4 != 0 {
-            assert!(matches!(
-                t.as_slice::<f32>(),
-                Err(TensorError::Misaligned { .. })
-            ));
+            assert!(matches!(t.as_slice::<f32>(), Err(TensorError::Misaligned { .. })));
         }
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0; 4]);
-        let h = Tensor::from_slice(
-            [2],
-            &[half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)],
-        )
-        .unwrap();
+        let h = Tensor::from_slice([2], &[half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)]).unwrap();
         assert_eq!(h.dtype(), DType::BFloat16);
         assert_eq!(h.to_vec::<half::bf16>().unwrap()[1].to_f32(), -2.0);
         let b = Tensor::from_bools([3], &[true, false, true]).unwrap();
         assert_eq!(b.to_bools().unwrap(), vec![true, false, true]);
         let bad = Tensor::new(DType::Bool, [1], vec![7u8]).unwrap();
-        assert_eq!(
-            bad.to_bools().unwrap_err(),
-            TensorError::InvalidBool { index: 0, value: 7 }
-        );
+        assert_eq!(bad.to_bools().unwrap_err(), TensorError::InvalidBool { index: 0, value: 7 });
     }
 
     #[test]
@@ -980,10 +852,7 @@ mod tests {
         assert!(!tt.is_contiguous());
         assert!(tt.is_dense());
         assert_eq!(tt.to_vec::<i32>().unwrap(), vec![0, 3, 1, 4, 2, 5]);
-        assert_eq!(
-            tt.contiguous().unwrap().as_slice::<i32>().unwrap(),
-            &[0, 3, 1, 4, 2, 5]
-        );
+        assert_eq!(tt.contiguous().unwrap().as_slice::<i32>().unwrap(), &[0, 3, 1, 4, 2, 5]);
     }
 
     #[test]
@@ -994,10 +863,7 @@ mod tests {
         assert_eq!(n.to_vec::<i32>().unwrap(), vec![1, 2, 5, 6, 9, 10, 13, 14]);
         let r = t.narrow(0, 2, 2).unwrap();
         assert!(r.is_contiguous());
-        assert_eq!(
-            r.as_slice::<i32>().unwrap(),
-            &[8, 9, 10, 11, 12, 13, 14, 15]
-        );
+        assert_eq!(r.as_slice::<i32>().unwrap(), &[8, 9, 10, 11, 12, 13, 14, 15]);
         assert!(t.narrow(0, 3, 2).is_err());
     }
 
@@ -1005,15 +871,8 @@ mod tests {
     fn strided_bounds_are_checked() {
         let storage = Storage::Host(Bytes::from(vec![0u8; 16]));
         assert!(Tensor::from_strided(DType::Float32, [2, 2], [2, 1], 0, storage.clone()).is_ok());
-        let e =
-            Tensor::from_strided(DType::Float32, [2, 2], [2, 1], 1, storage.clone()).unwrap_err();
-        assert_eq!(
-            e,
-            TensorError::OutOfBounds {
-                needed: 20,
-                available: 16
-            }
-        );
+        let e = Tensor::from_strided(DType::Float32, [2, 2], [2, 1], 1, storage.clone()).unwrap_err();
+        assert_eq!(e, TensorError::OutOfBounds { needed: 20, available: 16 });
         assert!(Tensor::from_strided(DType::Float32, [2], [1, 1], 0, storage).is_err());
     }
 

@@ -60,8 +60,7 @@ impl v1::FrameHeader {
     pub fn placement_offset(&self) -> Option<u64> {
         let c = self.as_chunk()?;
         let none = v1::Compression::None as i32;
-        (c.compression == none || c.compression == v1::Compression::Unspecified as i32)
-            .then_some(c.offset)
+        (c.compression == none || c.compression == v1::Compression::Unspecified as i32).then_some(c.offset)
     }
 
     /// Short name of the frame kind, for logs and error messages.

@@ -28,9 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned,
-};
+use crate::codec::{Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned};
 use crate::dtype::DType;
 use crate::tensor::{Storage, Tensor};
 use pickle::{PickleValue, StorageRef, TensorRef};
@@ -82,11 +80,7 @@ impl Value {
 
     fn collect_tensors<'a>(&'a self, path: String, out: &mut Vec<(String, &'a Tensor)>) {
         let join = |k: String| {
-            if path.is_empty() {
-                k
-            } else {
-                format!("{path}.{k}")
-            }
+            if path.is_empty() { k } else { format!("{path}.{k}") }
         };
         match self {
             Value::Tensor(t) => out.push((path, t)),
@@ -111,12 +105,7 @@ impl Value {
 
     /// An OrderedDict of named tensors (a state dict).
     pub fn state_dict<S: Into<String>>(items: impl IntoIterator<Item = (S, Tensor)>) -> Value {
-        Value::OrderedDict(
-            items
-                .into_iter()
-                .map(|(k, t)| (Value::Str(k.into()), Value::Tensor(t)))
-                .collect(),
-        )
+        Value::OrderedDict(items.into_iter().map(|(k, t)| (Value::Str(k.into()), Value::Tensor(t))).collect())
     }
 }
 
@@ -131,17 +120,11 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Value, DecodeError> {
             format: "torch file",
             reason: "no data.pkl record (not a torch.save archive, or saved with the legacy pre-1.6 format)".into(),
         })?;
-    let prefix = pkl
-        .name
-        .strip_suffix("data.pkl")
-        .unwrap_or_default()
-        .to_string();
+    let prefix = pkl.name.strip_suffix("data.pkl").unwrap_or_default().to_string();
     let record = |rel: &str| {
-        entries.iter().find(|e| {
-            e.name.len() == prefix.len() + rel.len()
-                && e.name.starts_with(&prefix)
-                && e.name.ends_with(rel)
-        })
+        entries
+            .iter()
+            .find(|e| e.name.len() == prefix.len() + rel.len() && e.name.starts_with(&prefix) && e.name.ends_with(rel))
     };
     if let Some(order) = record("byteorder") {
         if order.data.as_ref() != b"little" {
@@ -166,35 +149,30 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Value, DecodeError> {
                 limit: limits.max_tensors as u64,
             });
         }
-        let data =
-            match storages.get(&t.storage.key) {
-                Some(d) => d.clone(),
-                None => {
-                    let entry = record(&format!("data/{}", t.storage.key)).ok_or_else(|| {
-                        DecodeError::Malformed {
-                            format: "torch file",
-                            reason: format!("storage {:?} has no data record", t.storage.key),
-                        }
-                    })?;
-                    let item = t.storage.dtype.map_or(1, DType::itemsize) as u64;
-                    let need = t.storage.numel.checked_mul(item).ok_or_else(|| {
-                        DecodeError::Malformed {
-                            format: "torch file",
-                            reason: "storage size overflows".into(),
-                        }
-                    })?;
-                    if need > entry.data.len() as u64 {
-                        return Err(DecodeError::Truncated {
-                            what: "torch storage record",
-                            needed: need,
-                            available: entry.data.len() as u64,
-                        });
-                    }
-                    let d = aligned(entry.data.slice(..need as usize), 16);
-                    storages.insert(t.storage.key.clone(), d.clone());
-                    d
+        let data = match storages.get(&t.storage.key) {
+            Some(d) => d.clone(),
+            None => {
+                let entry = record(&format!("data/{}", t.storage.key)).ok_or_else(|| DecodeError::Malformed {
+                    format: "torch file",
+                    reason: format!("storage {:?} has no data record", t.storage.key),
+                })?;
+                let item = t.storage.dtype.map_or(1, DType::itemsize) as u64;
+                let need = t.storage.numel.checked_mul(item).ok_or_else(|| DecodeError::Malformed {
+                    format: "torch file",
+                    reason: "storage size overflows".into(),
+                })?;
+                if need > entry.data.len() as u64 {
+                    return Err(DecodeError::Truncated {
+                        what: "torch storage record",
+                        needed: need,
+                        available: entry.data.len() as u64,
+                    });
                 }
-            };
+                let d = aligned(entry.data.slice(..need as usize), 16);
+                storages.insert(t.storage.key.clone(), d.clone());
+                d
+            }
+        };
         build_tensor(t, data, limits)
     };
     from_pickle(root, &mut conv)
@@ -204,26 +182,16 @@ fn build_tensor(t: &TensorRef, data: Bytes, limits: &DecodeLimits) -> Result<Ten
     let shape = to_usizes(&t.shape)?;
     let strides = to_usizes(&t.strides)?;
     crate::codec::check_shape(t.dtype, &shape, limits)?;
-    let offset = usize::try_from(t.offset).map_err(|_| DecodeError::Malformed {
-        format: "torch file",
-        reason: "offset overflows".into(),
-    })?;
-    Ok(Tensor::from_strided(
-        t.dtype,
-        shape,
-        strides,
-        offset,
-        Storage::Host(data),
-    )?)
+    let offset = usize::try_from(t.offset)
+        .map_err(|_| DecodeError::Malformed { format: "torch file", reason: "offset overflows".into() })?;
+    Ok(Tensor::from_strided(t.dtype, shape, strides, offset, Storage::Host(data))?)
 }
 
 fn to_usizes(v: &[u64]) -> Result<Vec<usize>, DecodeError> {
     v.iter()
         .map(|&x| {
-            usize::try_from(x).map_err(|_| DecodeError::Malformed {
-                format: "torch file",
-                reason: format!("{x} overflows"),
-            })
+            usize::try_from(x)
+                .map_err(|_| DecodeError::Malformed { format: "torch file", reason: format!("{x} overflows") })
         })
         .collect()
 }
@@ -247,16 +215,8 @@ fn from_pickle(
         PickleValue::Str(s) => Value::Str(s),
         PickleValue::Bytes(b) => Value::Bytes(Bytes::from(b)),
         PickleValue::Tensor(t) => Value::Tensor(conv(&t)?),
-        PickleValue::List(v) => Value::List(
-            v.into_iter()
-                .map(|x| from_pickle(x, conv))
-                .collect::<Result<_, _>>()?,
-        ),
-        PickleValue::Tuple(v) => Value::Tuple(
-            v.into_iter()
-                .map(|x| from_pickle(x, conv))
-                .collect::<Result<_, _>>()?,
-        ),
+        PickleValue::List(v) => Value::List(v.into_iter().map(|x| from_pickle(x, conv)).collect::<Result<_, _>>()?),
+        PickleValue::Tuple(v) => Value::Tuple(v.into_iter().map(|x| from_pickle(x, conv)).collect::<Result<_, _>>()?),
         PickleValue::Dict(v) => Value::Dict(pairs(v, conv)?),
         PickleValue::OrderedDict(v) => Value::OrderedDict(pairs(v, conv)?),
     })
@@ -274,10 +234,7 @@ pub struct SaveOptions {
 
 impl Default for SaveOptions {
     fn default() -> Self {
-        Self {
-            archive_name: "archive".into(),
-            compute_crc32: true,
-        }
+        Self { archive_name: "archive".into(), compute_crc32: true }
     }
 }
 
@@ -289,36 +246,24 @@ pub fn save(value: &Value, options: &SaveOptions) -> Result<Vec<Bytes>, EncodeEr
     let pv = to_pickle(value, &mut storages, &mut keys)?;
     let mut w = pickle_write::PickleWriter::new();
     w.value(&pv);
-    let name = if options.archive_name.is_empty() {
-        "archive"
-    } else {
-        options.archive_name.as_str()
-    };
+    let name = if options.archive_name.is_empty() { "archive" } else { options.archive_name.as_str() };
     let mut z = zip::ZipWriter::new(64, options.compute_crc32);
     z.add(&format!("{name}/data.pkl"), w.finish());
     z.add(&format!("{name}/.format_version"), Bytes::from_static(b"1"));
-    z.add(
-        &format!("{name}/.storage_alignment"),
-        Bytes::from_static(b"64"),
-    );
+    z.add(&format!("{name}/.storage_alignment"), Bytes::from_static(b"64"));
     z.add(&format!("{name}/byteorder"), Bytes::from_static(b"little"));
     for (i, (data, _)) in storages.iter().enumerate() {
         z.add(&format!("{name}/data/{i}"), data.clone());
     }
     z.add(&format!("{name}/version"), Bytes::from_static(b"3\n"));
-    z.add(
-        &format!("{name}/.data/serialization_id"),
-        Bytes::from(serialization_id().into_bytes()),
-    );
+    z.add(&format!("{name}/.data/serialization_id"), Bytes::from(serialization_id().into_bytes()));
     Ok(z.finish())
 }
 
 /// A 40-digit decimal id, as torch writes (unique per file, not secret).
 fn serialization_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let c = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mixed = (nanos ^ (u128::from(c) << 64) ^ (u128::from(std::process::id()) << 96))
         .wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
@@ -346,16 +291,10 @@ fn to_pickle(
         Value::Float(f) => PickleValue::Float(*f),
         Value::Str(s) => PickleValue::Str(s.clone()),
         Value::Bytes(b) => PickleValue::Bytes(b.to_vec()),
-        Value::List(x) => PickleValue::List(
-            x.iter()
-                .map(|i| to_pickle(i, storages, keys))
-                .collect::<Result<_, _>>()?,
-        ),
-        Value::Tuple(x) => PickleValue::Tuple(
-            x.iter()
-                .map(|i| to_pickle(i, storages, keys))
-                .collect::<Result<_, _>>()?,
-        ),
+        Value::List(x) => PickleValue::List(x.iter().map(|i| to_pickle(i, storages, keys)).collect::<Result<_, _>>()?),
+        Value::Tuple(x) => {
+            PickleValue::Tuple(x.iter().map(|i| to_pickle(i, storages, keys)).collect::<Result<_, _>>()?)
+        }
         Value::Dict(x) => PickleValue::Dict(pairs(x, storages, keys)?),
         Value::OrderedDict(x) => PickleValue::OrderedDict(pairs(x, storages, keys)?),
         Value::Tensor(t) => {
@@ -401,29 +340,15 @@ impl Codec for TorchCodec {
         let compact = if tensor.is_contiguous() {
             tensor.contiguous()?
         } else if let Some(span) = tensor.dense_span() {
-            Tensor::from_strided(
-                tensor.dtype(),
-                tensor.shape(),
-                tensor.strides(),
-                0,
-                Storage::Host(span),
-            )?
+            Tensor::from_strided(tensor.dtype(), tensor.shape(), tensor.strides(), 0, Storage::Host(span))?
         } else {
             tensor.contiguous()?
         };
         let segments = save(&Value::Tensor(compact), &SaveOptions::default())?;
-        Ok(Encoded {
-            info: TensorInfo::of(tensor),
-            segments,
-        })
+        Ok(Encoded { info: TensorInfo::of(tensor), segments })
     }
 
-    fn decode(
-        &self,
-        info: &TensorInfo,
-        payload: Bytes,
-        limits: &DecodeLimits,
-    ) -> Result<Tensor, DecodeError> {
+    fn decode(&self, info: &TensorInfo, payload: Bytes, limits: &DecodeLimits) -> Result<Tensor, DecodeError> {
         match load(payload, limits)? {
             Value::Tensor(t) => Ok(info.apply_names(t)),
             other => Err(DecodeError::Malformed {
@@ -487,33 +412,20 @@ mod tests {
         assert!(ts[3].1.data_eq(&u));
         // One storage record for the three views of w.
         let entries = zip::read_entries(&file, &DecodeLimits::default()).unwrap();
-        assert_eq!(
-            entries.iter().filter(|e| e.name.contains("/data/")).count(),
-            2
-        );
+        assert_eq!(entries.iter().filter(|e| e.name.contains("/data/")).count(), 2);
         // And the views share memory after loading.
-        let (Storage::Host(a), Storage::Host(b)) = (ts[0].1.storage(), ts[1].1.storage()) else {
-            panic!()
-        };
+        let (Storage::Host(a), Storage::Host(b)) = (ts[0].1.storage(), ts[1].1.storage()) else { panic!() };
         assert_eq!(a.as_ptr(), b.as_ptr());
     }
 
     #[test]
     fn codec_round_trips_every_dtype() {
         for dtype in DType::ALL {
-            let t = Tensor::new(
-                dtype,
-                [3, 2],
-                (0..6 * dtype.itemsize() as u8)
-                    .map(|b| b % 2)
-                    .collect::<Vec<u8>>(),
-            )
-            .unwrap()
-            .with_name("x");
+            let t = Tensor::new(dtype, [3, 2], (0..6 * dtype.itemsize() as u8).map(|b| b % 2).collect::<Vec<u8>>())
+                .unwrap()
+                .with_name("x");
             let e = TorchCodec.encode(&t).unwrap();
-            let back = TorchCodec
-                .decode(&e.info, e.to_bytes(), &DecodeLimits::default())
-                .unwrap();
+            let back = TorchCodec.decode(&e.info, e.to_bytes(), &DecodeLimits::default()).unwrap();
             assert!(back.data_eq(&t), "{dtype}");
             assert_eq!(back.dtype(), dtype);
             assert_eq!(back.name(), Some("x"));
@@ -524,14 +436,8 @@ mod tests {
     fn limits_apply() {
         let t = Tensor::zeros(DType::Float32, [1024]).unwrap();
         let file = join(save(&Value::Tensor(t), &SaveOptions::default()).unwrap());
-        let l = DecodeLimits {
-            max_tensor_bytes: 100,
-            ..Default::default()
-        };
-        assert!(matches!(
-            load(file.clone(), &l),
-            Err(DecodeError::TooLarge { .. })
-        ));
+        let l = DecodeLimits { max_tensor_bytes: 100, ..Default::default() };
+        assert!(matches!(load(file.clone(), &l), Err(DecodeError::TooLarge { .. })));
         // Truncated anywhere: an error, never a panic.
         for cut in (0..file.len()).step_by(7) {
             assert!(load(file.slice(..cut), &DecodeLimits::default()).is_err());

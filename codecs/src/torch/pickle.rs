@@ -154,20 +154,17 @@ pub fn storage_class(dtype: DType) -> Option<&'static str> {
 
 fn torch_dtype(name: &str) -> Option<DType> {
     // Only exact torch dtype attribute names, not the CLI's aliases.
-    DType::ALL
-        .into_iter()
-        .find(|d| d.name() == name)
-        .or(match name {
-            "float" => Some(DType::Float32),
-            "double" => Some(DType::Float64),
-            "half" => Some(DType::Float16),
-            "long" => Some(DType::Int64),
-            "int" => Some(DType::Int32),
-            "short" => Some(DType::Int16),
-            "cfloat" => Some(DType::Complex64),
-            "cdouble" => Some(DType::Complex128),
-            _ => None,
-        })
+    DType::ALL.into_iter().find(|d| d.name() == name).or(match name {
+        "float" => Some(DType::Float32),
+        "double" => Some(DType::Float64),
+        "half" => Some(DType::Float16),
+        "long" => Some(DType::Int64),
+        "int" => Some(DType::Int32),
+        "short" => Some(DType::Int16),
+        "cfloat" => Some(DType::Complex64),
+        "cdouble" => Some(DType::Complex128),
+        _ => None,
+    })
 }
 
 /// Objects of the interpreter's arena.
@@ -189,10 +186,7 @@ enum Obj {
 }
 
 fn bad(reason: impl Into<String>) -> DecodeError {
-    DecodeError::Malformed {
-        format: "pickle",
-        reason: reason.into(),
-    }
+    DecodeError::Malformed { format: "pickle", reason: reason.into() }
 }
 
 /// How much the result tree may hold once shared objects are expanded.
@@ -229,11 +223,7 @@ struct Machine<'a> {
 /// Runs a pickle and returns its value. See the [module docs](self).
 pub fn load(data: &[u8], limits: &DecodeLimits) -> Result<PickleValue, DecodeError> {
     if data.len() as u64 > limits.max_pickle_bytes {
-        return Err(DecodeError::TooLarge {
-            what: "pickle",
-            size: data.len() as u64,
-            limit: limits.max_pickle_bytes,
-        });
+        return Err(DecodeError::TooLarge { what: "pickle", size: data.len() as u64, limit: limits.max_pickle_bytes });
     }
     let mut m = Machine {
         data,
@@ -248,10 +238,7 @@ pub fn load(data: &[u8], limits: &DecodeLimits) -> Result<PickleValue, DecodeErr
     // Bound the tree by the arena size times a small factor: a DAG shared
     // many times over expands; stop it before it eats memory.
     let mut budget = Budget {
-        nodes: (m.arena.len() as u64)
-            .saturating_mul(4)
-            .saturating_add(1024)
-            .min(50_000_000),
+        nodes: (m.arena.len() as u64).saturating_mul(4).saturating_add(1024).min(50_000_000),
         bytes: (data.len() as u64).saturating_mul(2).saturating_add(4096),
     };
     m.to_value(root, 0, limits.max_depth, &mut budget)
@@ -259,15 +246,11 @@ pub fn load(data: &[u8], limits: &DecodeLimits) -> Result<PickleValue, DecodeErr
 
 impl Machine<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.data.len())
-            .ok_or(DecodeError::Truncated {
-                what: "pickle",
-                needed: (self.pos as u64).saturating_add(n as u64),
-                available: self.data.len() as u64,
-            })?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(DecodeError::Truncated {
+            what: "pickle",
+            needed: (self.pos as u64).saturating_add(n as u64),
+            available: self.data.len() as u64,
+        })?;
         let s = &self.data[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -290,14 +273,11 @@ impl Machine<'_> {
     }
     fn line(&mut self) -> Result<&str, DecodeError> {
         let rest = &self.data[self.pos..];
-        let n = rest
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or(DecodeError::Truncated {
-                what: "pickle text argument",
-                needed: self.data.len() as u64 + 1,
-                available: self.data.len() as u64,
-            })?;
+        let n = rest.iter().position(|&b| b == b'\n').ok_or(DecodeError::Truncated {
+            what: "pickle text argument",
+            needed: self.data.len() as u64 + 1,
+            available: self.data.len() as u64,
+        })?;
         let s = std::str::from_utf8(&rest[..n]).map_err(|_| bad("text argument is not UTF-8"))?;
         self.pos += n + 1;
         Ok(s)
@@ -326,10 +306,7 @@ impl Machine<'_> {
         Ok(*self.stack.last().expect("checked"))
     }
     fn pop_mark(&mut self) -> Result<Vec<usize>, DecodeError> {
-        let m = self
-            .marks
-            .pop()
-            .ok_or_else(|| bad("no MARK on the stack"))?;
+        let m = self.marks.pop().ok_or_else(|| bad("no MARK on the stack"))?;
         Ok(self.stack.split_off(m))
     }
     fn memo_put(&mut self, key: u32) -> Result<(), DecodeError> {
@@ -338,10 +315,7 @@ impl Machine<'_> {
         Ok(())
     }
     fn memo_get(&mut self, key: u32) -> Result<(), DecodeError> {
-        let id = *self
-            .memo
-            .get(&key)
-            .ok_or_else(|| bad(format!("memo key {key} was never stored")))?;
+        let id = *self.memo.get(&key).ok_or_else(|| bad(format!("memo key {key} was never stored")))?;
         self.stack.push(id);
         Ok(())
     }
@@ -403,28 +377,18 @@ impl Machine<'_> {
                 }
                 b'L' => {
                     let s = self.line()?.trim_end_matches('L').to_string();
-                    let v = s
-                        .parse::<i64>()
-                        .map_err(|_| bad(format!("integer {s} does not fit in 64 bits")))?;
+                    let v = s.parse::<i64>().map_err(|_| bad(format!("integer {s} does not fit in 64 bits")))?;
                     self.push(Obj::Int(v));
                 }
                 0x8a | 0x8b => {
-                    let n = if op == 0x8a {
-                        self.u8()? as usize
-                    } else {
-                        self.u32()? as usize
-                    };
+                    let n = if op == 0x8a { self.u8()? as usize } else { self.u32()? as usize };
                     let bytes = self.take(n)?;
                     let v = long_le(bytes)?;
                     self.push(Obj::Int(v));
                 }
                 b'F' => {
                     let s = self.line()?.to_string();
-                    self.push(Obj::Float(
-                        s.trim()
-                            .parse()
-                            .map_err(|_| bad(format!("bad FLOAT {s:?}")))?,
-                    ));
+                    self.push(Obj::Float(s.trim().parse().map_err(|_| bad(format!("bad FLOAT {s:?}")))?));
                 }
                 b'G' => {
                     let v = f64::from_be_bytes(self.take(8)?.try_into().expect("8"));
@@ -436,9 +400,7 @@ impl Machine<'_> {
                         0x8c => self.u8()? as usize,
                         _ => self.len64()?,
                     };
-                    let s = std::str::from_utf8(self.take(n)?)
-                        .map_err(|_| bad("string is not UTF-8"))?
-                        .to_string();
+                    let s = std::str::from_utf8(self.take(n)?).map_err(|_| bad("string is not UTF-8"))?.to_string();
                     self.push(Obj::Str(s));
                 }
                 b'V' => {
@@ -447,11 +409,7 @@ impl Machine<'_> {
                 }
                 b'T' | b'U' => {
                     // Python 2 str: bytes.
-                    let n = if op == b'T' {
-                        self.u32()? as usize
-                    } else {
-                        self.u8()? as usize
-                    };
+                    let n = if op == b'T' { self.u32()? as usize } else { self.u8()? as usize };
                     let b = self.take(n)?.to_vec();
                     self.push(Obj::Bytes(b));
                 }
@@ -517,10 +475,7 @@ impl Machine<'_> {
                     self.dict_extend(d, pairs(items)?)?;
                 }
                 b'p' => {
-                    let k = self
-                        .line()?
-                        .parse::<u32>()
-                        .map_err(|_| bad("bad PUT key"))?;
+                    let k = self.line()?.parse::<u32>().map_err(|_| bad("bad PUT key"))?;
                     self.memo_put(k)?;
                 }
                 b'q' => {
@@ -537,10 +492,7 @@ impl Machine<'_> {
                     self.memo_put(k)?;
                 }
                 b'g' => {
-                    let k = self
-                        .line()?
-                        .parse::<u32>()
-                        .map_err(|_| bad("bad GET key"))?;
+                    let k = self.line()?.parse::<u32>().map_err(|_| bad("bad GET key"))?;
                     self.memo_get(k)?;
                 }
                 b'h' => {
@@ -559,8 +511,7 @@ impl Machine<'_> {
                 0x93 => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    let (Obj::Str(module), Obj::Str(name)) =
-                        (self.arena[module].clone(), self.arena[name].clone())
+                    let (Obj::Str(module), Obj::Str(name)) = (self.arena[module].clone(), self.arena[name].clone())
                     else {
                         return Err(bad("STACK_GLOBAL needs two strings"));
                     };
@@ -591,26 +542,20 @@ impl Machine<'_> {
                 }
                 b'P' => return Err(bad("text persistent ids are not used by torch.save")),
                 b'i' | b'o' | 0x81 | 0x92 => {
-                    return Err(bad(format!(
-                        "opcode {op:#04x} builds arbitrary objects and is not allowed"
-                    )));
+                    return Err(bad(format!("opcode {op:#04x} builds arbitrary objects and is not allowed")));
                 }
                 0x82..=0x84 => return Err(bad("extension registry opcodes are not allowed")),
                 0x8f | 0x90 | 0x91 => return Err(bad("sets are not used by torch.save")),
                 0x97 | 0x98 => return Err(bad("out-of-band buffers are not supported")),
                 other => {
-                    return Err(bad(format!(
-                        "unknown opcode {other:#04x} at byte {}",
-                        self.pos - 1
-                    )));
+                    return Err(bad(format!("unknown opcode {other:#04x} at byte {}", self.pos - 1)));
                 }
             }
         }
     }
 
     fn push_global(&mut self, module: String, name: String) -> Result<(), DecodeError> {
-        let g =
-            lookup_global(&module, &name).ok_or(DecodeError::ForbiddenGlobal { module, name })?;
+        let g = lookup_global(&module, &name).ok_or(DecodeError::ForbiddenGlobal { module, name })?;
         self.push(Obj::Global(g));
         Ok(())
     }
@@ -638,10 +583,7 @@ impl Machine<'_> {
     fn tuple(&self, id: usize, what: &str) -> Result<Vec<usize>, DecodeError> {
         match &self.arena[id] {
             Obj::Tuple(v) => Ok(v.clone()),
-            other => Err(bad(format!(
-                "{what}: expected a tuple, found {}",
-                obj_name(other)
-            ))),
+            other => Err(bad(format!("{what}: expected a tuple, found {}", obj_name(other)))),
         }
     }
 
@@ -649,10 +591,7 @@ impl Machine<'_> {
         match &self.arena[id] {
             Obj::Int(v) => Ok(*v),
             Obj::Bool(b) => Ok(i64::from(*b)),
-            other => Err(bad(format!(
-                "{what}: expected an int, found {}",
-                obj_name(other)
-            ))),
+            other => Err(bad(format!("{what}: expected an int, found {}", obj_name(other)))),
         }
     }
 
@@ -662,19 +601,13 @@ impl Machine<'_> {
     }
 
     fn uints(&self, id: usize, what: &str) -> Result<Vec<u64>, DecodeError> {
-        self.tuple(id, what)?
-            .into_iter()
-            .map(|i| self.uint(i, what))
-            .collect()
+        self.tuple(id, what)?.into_iter().map(|i| self.uint(i, what)).collect()
     }
 
     fn persistent(&self, pid: usize) -> Result<StorageRef, DecodeError> {
         let t = self.tuple(pid, "persistent id")?;
         let [tag, ty, key, location, numel] = t.as_slice() else {
-            return Err(bad(format!(
-                "persistent id has {} fields, expected 5",
-                t.len()
-            )));
+            return Err(bad(format!("persistent id has {} fields, expected 5", t.len())));
         };
         if !matches!(&self.arena[*tag], Obj::Str(s) if s == "storage") {
             return Err(bad("persistent id is not a storage"));
@@ -697,20 +630,12 @@ impl Machine<'_> {
             other => return Err(bad(format!("storage location is {}", obj_name(other)))),
         };
         let numel = self.uint(*numel, "storage size")?;
-        Ok(StorageRef {
-            dtype,
-            key,
-            location,
-            numel,
-        })
+        Ok(StorageRef { dtype, key, location, numel })
     }
 
     fn reduce(&mut self, func: usize, args: usize) -> Result<Obj, DecodeError> {
         let Obj::Global(g) = self.arena[func].clone() else {
-            return Err(bad(format!(
-                "REDUCE on {}, which is not an allowed callable",
-                obj_name(&self.arena[func])
-            )));
+            return Err(bad(format!("REDUCE on {}, which is not an allowed callable", obj_name(&self.arena[func]))));
         };
         let a = self.tuple(args, "call arguments")?;
         match g {
@@ -736,10 +661,7 @@ impl Machine<'_> {
             Global::RebuildTensorV2 | Global::RebuildTensorV3 => {
                 let need = if g == Global::RebuildTensorV2 { 6 } else { 7 };
                 if a.len() < need {
-                    return Err(bad(format!(
-                        "tensor rebuild with {} arguments, expected {need}",
-                        a.len()
-                    )));
+                    return Err(bad(format!("tensor rebuild with {} arguments, expected {need}", a.len())));
                 }
                 let Obj::Storage(storage) = self.arena[a[0]].clone() else {
                     return Err(bad("tensor rebuild without a storage"));
@@ -750,9 +672,7 @@ impl Machine<'_> {
                         other => return Err(bad(format!("tensor dtype is {}", obj_name(other)))),
                     }
                 } else {
-                    storage
-                        .dtype
-                        .ok_or_else(|| bad("_rebuild_tensor_v2 with an untyped storage"))?
+                    storage.dtype.ok_or_else(|| bad("_rebuild_tensor_v2 with an untyped storage"))?
                 };
                 if let Some(sd) = storage.dtype {
                     if sd != dtype {
@@ -763,38 +683,21 @@ impl Machine<'_> {
                 let shape = self.uints(a[2], "tensor size")?;
                 let strides = self.uints(a[3], "tensor stride")?;
                 if shape.len() != strides.len() {
-                    return Err(bad(format!(
-                        "{} sizes but {} strides",
-                        shape.len(),
-                        strides.len()
-                    )));
+                    return Err(bad(format!("{} sizes but {} strides", shape.len(), strides.len())));
                 }
-                Ok(Obj::Tensor(TensorRef {
-                    storage,
-                    dtype,
-                    offset,
-                    shape,
-                    strides,
-                }))
+                Ok(Obj::Tensor(TensorRef { storage, dtype, offset, shape, strides }))
             }
-            Global::RebuildParameter | Global::RebuildParameterWithState => {
-                match a.first().map(|&i| &self.arena[i]) {
-                    Some(Obj::Tensor(t)) => Ok(Obj::Tensor(t.clone())),
-                    _ => Err(bad("parameter rebuild without a tensor")),
-                }
-            }
+            Global::RebuildParameter | Global::RebuildParameterWithState => match a.first().map(|&i| &self.arena[i]) {
+                Some(Obj::Tensor(t)) => Ok(Obj::Tensor(t.clone())),
+                _ => Err(bad("parameter rebuild without a tensor")),
+            },
             Global::RebuildFromTypeV2 => {
                 // (func, new_type, args, state): only plain tensors and parameters.
                 let [f, ty, inner, _state] = a.as_slice() else {
                     return Err(bad("_rebuild_from_type_v2 needs 4 arguments"));
                 };
-                if !matches!(
-                    self.arena[*ty],
-                    Obj::Global(Global::TensorType | Global::ParameterType)
-                ) {
-                    return Err(bad(
-                        "_rebuild_from_type_v2 for a type other than Tensor or Parameter",
-                    ));
+                if !matches!(self.arena[*ty], Obj::Global(Global::TensorType | Global::ParameterType)) {
+                    return Err(bad("_rebuild_from_type_v2 for a type other than Tensor or Parameter"));
                 }
                 self.reduce(*f, *inner)
             }
@@ -813,23 +716,22 @@ impl Machine<'_> {
                 }
                 Ok(Obj::Str(s))
             }
-            Global::CodecsEncode => {
-                match a.as_slice() {
-                    [s, enc] => match (&self.arena[*s], &self.arena[*enc]) {
-                        (Obj::Str(text), Obj::Str(e)) if e == "latin1" || e == "latin-1" => {
-                            let mut out = Vec::with_capacity(text.len());
-                            for ch in text.chars() {
-                                out.push(u8::try_from(u32::from(ch)).map_err(|_| {
-                                    bad("latin1 text holds a character above U+00FF")
-                                })?);
-                            }
-                            Ok(Obj::Bytes(out))
+            Global::CodecsEncode => match a.as_slice() {
+                [s, enc] => match (&self.arena[*s], &self.arena[*enc]) {
+                    (Obj::Str(text), Obj::Str(e)) if e == "latin1" || e == "latin-1" => {
+                        let mut out = Vec::with_capacity(text.len());
+                        for ch in text.chars() {
+                            out.push(
+                                u8::try_from(u32::from(ch))
+                                    .map_err(|_| bad("latin1 text holds a character above U+00FF"))?,
+                            );
                         }
-                        _ => Err(bad("_codecs.encode needs (str, 'latin1')")),
-                    },
-                    _ => Err(bad("_codecs.encode needs 2 arguments")),
-                }
-            }
+                        Ok(Obj::Bytes(out))
+                    }
+                    _ => Err(bad("_codecs.encode needs (str, 'latin1')")),
+                },
+                _ => Err(bad("_codecs.encode needs 2 arguments")),
+            },
             other => Err(bad(format!("{other:?} is not callable"))),
         }
     }
@@ -861,16 +763,8 @@ impl Machine<'_> {
             Obj::Float(f) => PickleValue::Float(*f),
             Obj::Str(s) => PickleValue::Str(s.clone()),
             Obj::Bytes(b) => PickleValue::Bytes(b.clone()),
-            Obj::Tuple(v) => PickleValue::Tuple(
-                v.iter()
-                    .map(|&i| rec(i, budget))
-                    .collect::<Result<_, _>>()?,
-            ),
-            Obj::List(v) => PickleValue::List(
-                v.iter()
-                    .map(|&i| rec(i, budget))
-                    .collect::<Result<_, _>>()?,
-            ),
+            Obj::Tuple(v) => PickleValue::Tuple(v.iter().map(|&i| rec(i, budget)).collect::<Result<_, _>>()?),
+            Obj::List(v) => PickleValue::List(v.iter().map(|&i| rec(i, budget)).collect::<Result<_, _>>()?),
             Obj::Dict(v) | Obj::OrderedDict(v) => {
                 let items = v
                     .iter()
@@ -884,10 +778,7 @@ impl Machine<'_> {
             }
             Obj::Tensor(t) => PickleValue::Tensor(t.clone()),
             other => {
-                return Err(bad(format!(
-                    "the pickle's result holds a bare {}",
-                    obj_name(other)
-                )));
+                return Err(bad(format!("the pickle's result holds a bare {}", obj_name(other))));
             }
         })
     }
@@ -950,24 +841,14 @@ mod tests {
     #[test]
     fn writer_output_reads_back() {
         let t = TensorRef {
-            storage: StorageRef {
-                dtype: Some(DType::Float32),
-                key: "0".into(),
-                location: "cpu".into(),
-                numel: 6,
-            },
+            storage: StorageRef { dtype: Some(DType::Float32), key: "0".into(), location: "cpu".into(), numel: 6 },
             dtype: DType::Float32,
             offset: 0,
             shape: vec![2, 3],
             strides: vec![3, 1],
         };
         let u = TensorRef {
-            storage: StorageRef {
-                dtype: None,
-                key: "1".into(),
-                location: "cpu".into(),
-                numel: 8,
-            },
+            storage: StorageRef { dtype: None, key: "1".into(), location: "cpu".into(), numel: 8 },
             dtype: DType::UInt16,
             offset: 1,
             shape: vec![3],
@@ -979,18 +860,9 @@ mod tests {
             (PickleValue::Str("n".into()), PickleValue::Int(-70000)),
             (PickleValue::Str("big".into()), PickleValue::Int(1 << 40)),
             (PickleValue::Str("f".into()), PickleValue::Float(1.5)),
-            (
-                PickleValue::Str("l".into()),
-                PickleValue::List(vec![PickleValue::None, PickleValue::Bool(true)]),
-            ),
-            (
-                PickleValue::Str("t".into()),
-                PickleValue::Tuple(vec![PickleValue::Int(1); 5]),
-            ),
-            (
-                PickleValue::Str("b".into()),
-                PickleValue::Bytes(vec![0, 200, 255]),
-            ),
+            (PickleValue::Str("l".into()), PickleValue::List(vec![PickleValue::None, PickleValue::Bool(true)])),
+            (PickleValue::Str("t".into()), PickleValue::Tuple(vec![PickleValue::Int(1); 5])),
+            (PickleValue::Str("b".into()), PickleValue::Bytes(vec![0, 200, 255])),
             (PickleValue::Int(3), PickleValue::Dict(vec![])),
         ]);
         let mut w = PickleWriter::new();
@@ -1004,23 +876,11 @@ mod tests {
         // The classic: cos\nsystem\n(S'echo pwned'\ntR.
         let p = b"cos\nsystem\n(S'echo pwned'\ntR.";
         let e = load(p, &limits()).unwrap_err();
-        assert_eq!(
-            e,
-            DecodeError::ForbiddenGlobal {
-                module: "os".into(),
-                name: "system".into()
-            }
-        );
+        assert_eq!(e, DecodeError::ForbiddenGlobal { module: "os".into(), name: "system".into() });
         let p = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x8c\x04eval\x93.";
-        assert!(matches!(
-            load(p, &limits()),
-            Err(DecodeError::ForbiddenGlobal { .. })
-        ));
+        assert!(matches!(load(p, &limits()), Err(DecodeError::ForbiddenGlobal { .. })));
         let p = b"\x80\x02ctorch\nload\n.";
-        assert!(matches!(
-            load(p, &limits()),
-            Err(DecodeError::ForbiddenGlobal { .. })
-        ));
+        assert!(matches!(load(p, &limits()), Err(DecodeError::ForbiddenGlobal { .. })));
     }
 
     #[test]
@@ -1032,10 +892,7 @@ mod tests {
     #[test]
     fn truncation_and_garbage() {
         let mut w = PickleWriter::new();
-        w.value(&PickleValue::List(vec![
-            PickleValue::Str("hello".into()),
-            PickleValue::Int(1 << 20),
-        ]));
+        w.value(&PickleValue::List(vec![PickleValue::Str("hello".into()), PickleValue::Int(1 << 20)]));
         let bytes = w.finish();
         for cut in 0..bytes.len() {
             assert!(load(&bytes[..cut], &limits()).is_err(), "cut {cut}");
@@ -1057,30 +914,18 @@ mod tests {
             p.push(b'a');
         }
         p.push(b'.');
-        assert!(matches!(
-            load(&p, &limits()),
-            Err(DecodeError::LimitExceeded { .. })
-        ));
+        assert!(matches!(load(&p, &limits()), Err(DecodeError::LimitExceeded { .. })));
         // Billion laughs: each level holds the previous one twice.
         let mut p = vec![0x80, 2, b']', b'q', 0];
         for i in 0..60u8 {
             p.extend_from_slice(&[b']', b'h', i, b'a', b'h', i, b'a', b'q', i + 1]);
         }
         p.push(b'.');
-        let l = DecodeLimits {
-            max_depth: 100,
-            ..limits()
-        };
-        assert!(matches!(
-            load(&p, &l),
-            Err(DecodeError::LimitExceeded { .. })
-        ));
+        let l = DecodeLimits { max_depth: 100, ..limits() };
+        assert!(matches!(load(&p, &l), Err(DecodeError::LimitExceeded { .. })));
         // A list that contains itself.
         let p = b"\x80\x02]q\x00h\x00a.";
-        assert!(matches!(
-            load(p, &limits()),
-            Err(DecodeError::LimitExceeded { .. })
-        ));
+        assert!(matches!(load(p, &limits()), Err(DecodeError::LimitExceeded { .. })));
     }
 
     #[test]
@@ -1089,11 +934,7 @@ mod tests {
         let p0 = b"(lp0\nI1\naVa\np1\naNa.";
         assert_eq!(
             load(p0, &limits()).unwrap(),
-            PickleValue::List(vec![
-                PickleValue::Int(1),
-                PickleValue::Str("a".into()),
-                PickleValue::None
-            ])
+            PickleValue::List(vec![PickleValue::Int(1), PickleValue::Str("a".into()), PickleValue::None])
         );
         // pickle.dumps({'k': (1, 2.5)}, protocol=4)
         let p4 = b"\x80\x04\x95\x1a\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01k\x94K\x01G@\x04\x00\x00\x00\x00\x00\x00\x86\x94s.";
@@ -1108,10 +949,7 @@ mod tests {
         assert_eq!(long_le(&[0x00, 0x80, 0x00]).unwrap(), 32768);
         assert!(long_le(&[0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
         assert!(long_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]).is_err());
-        assert_eq!(
-            long_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]).unwrap(),
-            i64::MIN
-        );
+        assert_eq!(long_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]).unwrap(), i64::MIN);
         // One big string shared a thousand times cannot expand into gigabytes.
         let mut p = vec![0x80, 2, b'X'];
         p.extend_from_slice(&(1u32 << 20).to_le_bytes());
@@ -1121,9 +959,6 @@ mod tests {
             p.extend_from_slice(b"h\x00");
         }
         p.extend_from_slice(b"l.");
-        assert!(matches!(
-            load(&p, &limits()),
-            Err(DecodeError::LimitExceeded { .. })
-        ));
+        assert!(matches!(load(&p, &limits()), Err(DecodeError::LimitExceeded { .. })));
     }
 }

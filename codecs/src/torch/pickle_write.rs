@@ -146,14 +146,7 @@ impl PickleWriter {
 
     fn tensor(&mut self, t: &TensorRef) {
         let class = storage_class(t.dtype);
-        self.global(
-            "torch._utils",
-            if class.is_some() {
-                "_rebuild_tensor_v2"
-            } else {
-                "_rebuild_tensor_v3"
-            },
-        );
+        self.global("torch._utils", if class.is_some() { "_rebuild_tensor_v2" } else { "_rebuild_tensor_v3" });
         self.out.put_u8(b'(');
         // Persistent id ('storage', type, key, location, numel).
         self.out.put_u8(b'(');

@@ -26,10 +26,7 @@ const FLAGS: u16 = 0x0808; // bit 3: data descriptor; bit 11: UTF-8 names
 const ZIP64_EXTRA: u16 = 0x0001;
 
 fn malformed(reason: impl Into<String>) -> DecodeError {
-    DecodeError::Malformed {
-        format: "torch zip archive",
-        reason: reason.into(),
-    }
+    DecodeError::Malformed { format: "torch zip archive", reason: reason.into() }
 }
 
 /// Little-endian reads with bounds checks.
@@ -43,33 +40,23 @@ impl<'a> Cursor<'a> {
         Self { buf, pos }
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or(DecodeError::Truncated {
-                what: "zip record",
-                needed: (self.pos as u64).saturating_add(n as u64),
-                available: self.buf.len() as u64,
-            })?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or(DecodeError::Truncated {
+            what: "zip record",
+            needed: (self.pos as u64).saturating_add(n as u64),
+            available: self.buf.len() as u64,
+        })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
     }
     fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 }
 
@@ -88,27 +75,18 @@ pub struct Entry {
 pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, DecodeError> {
     let (count, cd_offset, cd_size) = find_central_directory(buf)?;
     if count > limits.max_entries as u64 {
-        return Err(DecodeError::LimitExceeded {
-            what: "zip entries",
-            count,
-            limit: limits.max_entries as u64,
-        });
+        return Err(DecodeError::LimitExceeded { what: "zip entries", count, limit: limits.max_entries as u64 });
     }
-    let cd_end = cd_offset
-        .checked_add(cd_size)
-        .filter(|&e| e <= buf.len() as u64)
-        .ok_or_else(|| {
-            malformed(format!(
-                "central directory at {cd_offset} of {cd_size} bytes lies outside the {} byte file",
-                buf.len()
-            ))
-        })?;
+    let cd_end = cd_offset.checked_add(cd_size).filter(|&e| e <= buf.len() as u64).ok_or_else(|| {
+        malformed(format!(
+            "central directory at {cd_offset} of {cd_size} bytes lies outside the {} byte file",
+            buf.len()
+        ))
+    })?;
     // Each central record is at least 46 bytes: bound the count by the size
     // before reserving anything.
     if count.saturating_mul(46) > cd_size {
-        return Err(malformed(format!(
-            "{count} entries cannot fit in a {cd_size} byte central directory"
-        )));
+        return Err(malformed(format!("{count} entries cannot fit in a {cd_size} byte central directory")));
     }
     let mut entries = Vec::with_capacity(count as usize);
     let mut c = Cursor::at(&buf[..cd_end as usize], cd_offset as usize);
@@ -131,9 +109,8 @@ pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, De
         let _int_attr = c.u16()?;
         let _ext_attr = c.u32()?;
         let mut lfh_offset = u64::from(c.u32()?);
-        let name = std::str::from_utf8(c.take(name_len)?)
-            .map_err(|_| malformed("entry name is not UTF-8"))?
-            .to_string();
+        let name =
+            std::str::from_utf8(c.take(name_len)?).map_err(|_| malformed("entry name is not UTF-8"))?.to_string();
         let extra = c.take(extra_len)?;
         c.take(comment_len)?;
         // Zip64 extra: the 8-byte values of fields set to 0xFFFFFFFF, in order.
@@ -161,37 +138,23 @@ pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, De
             )));
         }
         if csize != usize_ {
-            return Err(malformed(format!(
-                "stored entry {name} has compressed size {csize} != size {usize_}"
-            )));
+            return Err(malformed(format!("stored entry {name} has compressed size {csize} != size {usize_}")));
         }
         let data_start = local_data_start(buf, lfh_offset, &name)?;
-        let data_end = data_start
-            .checked_add(usize_)
-            .filter(|&e| e <= buf.len() as u64)
-            .ok_or_else(|| {
-                malformed(format!(
-                    "entry {name} ({usize_} bytes at {data_start}) runs past the end of the file"
-                ))
-            })?;
-        entries.push(Entry {
-            name,
-            data: buf.slice(data_start as usize..data_end as usize),
-            crc32,
-        });
+        let data_end = data_start.checked_add(usize_).filter(|&e| e <= buf.len() as u64).ok_or_else(|| {
+            malformed(format!("entry {name} ({usize_} bytes at {data_start}) runs past the end of the file"))
+        })?;
+        entries.push(Entry { name, data: buf.slice(data_start as usize..data_end as usize), crc32 });
     }
     Ok(entries)
 }
 
 /// Offset of an entry's data: after its local header, name and extra field.
 fn local_data_start(buf: &[u8], lfh_offset: u64, name: &str) -> Result<u64, DecodeError> {
-    let off =
-        usize::try_from(lfh_offset).map_err(|_| malformed("local header offset overflows"))?;
+    let off = usize::try_from(lfh_offset).map_err(|_| malformed("local header offset overflows"))?;
     let mut c = Cursor::at(buf, off);
     if c.u32()? != LFH_SIG {
-        return Err(malformed(format!(
-            "entry {name}: no local header at offset {lfh_offset}"
-        )));
+        return Err(malformed(format!("entry {name}: no local header at offset {lfh_offset}")));
     }
     c.take(22)?;
     let name_len = c.u16()? as u64;
@@ -202,11 +165,7 @@ fn local_data_start(buf: &[u8], lfh_offset: u64, name: &str) -> Result<u64, Deco
 /// Finds (entry count, central directory offset, size), preferring zip64 records.
 fn find_central_directory(buf: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
     if buf.len() < 22 {
-        return Err(DecodeError::Truncated {
-            what: "zip archive",
-            needed: 22,
-            available: buf.len() as u64,
-        });
+        return Err(DecodeError::Truncated { what: "zip archive", needed: 22, available: buf.len() as u64 });
     }
     // The end record is within the last 22 + 65535 bytes (its comment is at
     // most 65535 bytes long).
@@ -214,9 +173,7 @@ fn find_central_directory(buf: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
     let eocd = (lo..=buf.len() - 22)
         .rev()
         .find(|&i| buf[i..i + 4] == EOCD_SIG.to_le_bytes())
-        .ok_or_else(|| {
-            malformed("no end of central directory record (not a zip file, or truncated)")
-        })?;
+        .ok_or_else(|| malformed("no end of central directory record (not a zip file, or truncated)"))?;
     let mut c = Cursor::at(buf, eocd + 4);
     let _disk = c.u16()?;
     let _cd_disk = c.u16()?;
@@ -228,8 +185,7 @@ fn find_central_directory(buf: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
         let mut l = Cursor::at(buf, eocd - 16);
         let _disk = l.u32()?;
         let z_off = l.u64()?;
-        let z =
-            usize::try_from(z_off).map_err(|_| malformed("zip64 end record offset overflows"))?;
+        let z = usize::try_from(z_off).map_err(|_| malformed("zip64 end record offset overflows"))?;
         let mut r = Cursor::at(buf, z);
         if r.u32()? != ZIP64_EOCD_SIG {
             return Err(malformed("zip64 locator points at no zip64 end record"));
@@ -314,11 +270,7 @@ impl ZipWriter {
         p.put_slice(b"FB");
         p.put_u16_le(pad as u16);
         p.put_bytes(b'Z', pad);
-        let crc = if self.compute_crc {
-            crc32fast::hash(&data)
-        } else {
-            0
-        };
+        let crc = if self.compute_crc { crc32fast::hash(&data) } else { 0 };
         // Small entries join the header buffer; large ones stay separate.
         if data.len() <= 4096 {
             self.pending.put_slice(&data);
@@ -337,12 +289,7 @@ impl ZipWriter {
             p.put_u32_le(size as u32);
             p.put_u32_le(size as u32);
         }
-        self.central.push(CentralRecord {
-            name: name.to_string(),
-            crc,
-            size,
-            lfh_offset,
-        });
+        self.central.push(CentralRecord { name: name.to_string(), crc, size, lfh_offset });
     }
 
     fn flush_pending(&mut self) {
@@ -373,20 +320,12 @@ impl ZipWriter {
             p.put_u32_le(s32);
             p.put_u32_le(s32);
             p.put_u16_le(r.name.len() as u16);
-            p.put_u16_le(if extra_len > 0 {
-                extra_len as u16 + 4
-            } else {
-                0
-            });
+            p.put_u16_le(if extra_len > 0 { extra_len as u16 + 4 } else { 0 });
             p.put_u16_le(0); // comment
             p.put_u16_le(0); // disk
             p.put_u16_le(0); // internal attributes
             p.put_u32_le(0); // external attributes
-            p.put_u32_le(if big_off {
-                0xFFFF_FFFF
-            } else {
-                r.lfh_offset as u32
-            });
+            p.put_u32_le(if big_off { 0xFFFF_FFFF } else { r.lfh_offset as u32 });
             p.put_slice(r.name.as_bytes());
             if extra_len > 0 {
                 p.put_u16_le(ZIP64_EXTRA);
@@ -460,12 +399,7 @@ mod tests {
         assert_eq!(entries[1].data, big);
         assert_eq!(entries[1].crc32, crc32fast::hash(&big));
         for e in &entries {
-            assert_eq!(
-                (e.data.as_ptr() as usize - file.as_ptr() as usize) % 64,
-                0,
-                "{} aligned",
-                e.name
-            );
+            assert_eq!((e.data.as_ptr() as usize - file.as_ptr() as usize) % 64, 0, "{} aligned", e.name);
         }
     }
 
@@ -477,10 +411,7 @@ mod tests {
         let file = join(&w.finish());
         for cut in 0..file.len() {
             let part = file.slice(..cut);
-            assert!(
-                read_entries(&part, &DecodeLimits::default()).is_err(),
-                "cut at {cut}"
-            );
+            assert!(read_entries(&part, &DecodeLimits::default()).is_err(), "cut at {cut}");
         }
     }
 
@@ -491,13 +422,7 @@ mod tests {
             w.add(&format!("a/{i}"), Bytes::from_static(b"x"));
         }
         let file = join(&w.finish());
-        let limits = DecodeLimits {
-            max_entries: 5,
-            ..Default::default()
-        };
-        assert!(matches!(
-            read_entries(&file, &limits),
-            Err(DecodeError::LimitExceeded { .. })
-        ));
+        let limits = DecodeLimits { max_entries: 5, ..Default::default() };
+        assert!(matches!(read_entries(&file, &limits), Err(DecodeError::LimitExceeded { .. })));
     }
 }

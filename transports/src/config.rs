@@ -1,0 +1,167 @@
+//! Transport settings: plain structs with documented units and defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Settings shared by all transports. Sizes in bytes.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Bytes one stream may have in flight unread by the receiver: the
+    /// sender waits for credit beyond it, and a peer that sends more is cut
+    /// off (default 8 MiB). Must exceed the largest frame.
+    pub stream_window: u32,
+    /// Bytes received on one connection and not yet consumed, across all
+    /// streams, after which the reader stops reading the socket until
+    /// consumers catch up (default 256 MiB). Bounds memory per connection.
+    pub connection_window: u64,
+    /// Largest payload of one frame this side accepts (default 64 MiB).
+    pub max_frame_payload: u32,
+    /// Largest frame header this side accepts (default 1 MiB).
+    pub max_header_bytes: u32,
+    /// Most streams the peer may have open at once (default 1024).
+    pub max_concurrent_streams: u32,
+    /// Give up connecting after this long (default 10 s).
+    pub connect_timeout: Duration,
+    /// Send keep-alive probes this often on an idle connection (default 15 s;
+    /// None: off).
+    pub keepalive_interval: Option<Duration>,
+    /// Close a connection that received nothing for this long (default
+    /// None for TCP/Unix; QUIC uses [`QuicConfig::idle_timeout`]).
+    pub idle_timeout: Option<Duration>,
+    /// Kernel socket buffer sizes (SO_SNDBUF/SO_RCVBUF); None keeps the
+    /// OS default (default 4 MiB each for TCP, raised where allowed).
+    pub socket_buffer: Option<usize>,
+    /// TLS settings (QUIC, gRPC over TLS).
+    pub tls: TlsConfig,
+    /// QUIC settings.
+    pub quic: QuicConfig,
+    /// gRPC settings.
+    pub grpc: GrpcConfig,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            stream_window: 8 << 20,
+            connection_window: 256 << 20,
+            max_frame_payload: 64 << 20,
+            max_header_bytes: 1 << 20,
+            max_concurrent_streams: 1024,
+            connect_timeout: Duration::from_secs(10),
+            keepalive_interval: Some(Duration::from_secs(15)),
+            idle_timeout: None,
+            socket_buffer: Some(4 << 20),
+            tls: TlsConfig::default(),
+            quic: QuicConfig::default(),
+            grpc: GrpcConfig::default(),
+        }
+    }
+}
+
+/// TLS for QUIC and `grpcs://`. Safe by default: a client verifies the
+/// server against the system roots, a CA file, or a pinned certificate
+/// fingerprint; skipping verification is a loudly named opt-in.
+#[derive(Clone, Debug, Default)]
+pub struct TlsConfig {
+    /// Server: certificate chain (PEM). None: a self-signed certificate is
+    /// generated at start and its SHA-256 fingerprint logged.
+    pub cert_path: Option<PathBuf>,
+    /// Server: private key (PEM).
+    pub key_path: Option<PathBuf>,
+    /// Client: trust this CA (PEM) for the server; server: require client
+    /// certificates signed by it (mutual TLS) when `require_client_cert`.
+    pub ca_path: Option<PathBuf>,
+    /// Client: accept a server whose certificate has this SHA-256
+    /// fingerprint (hex, colons allowed), whatever its issuer.
+    pub pin_sha256: Option<String>,
+    /// Client: the name to verify in the server certificate (default: the URL host).
+    pub server_name: Option<String>,
+    /// Client: certificate (PEM) presented for mutual TLS.
+    pub client_cert_path: Option<PathBuf>,
+    /// Client: key (PEM) for `client_cert_path`.
+    pub client_key_path: Option<PathBuf>,
+    /// Server: refuse clients without a certificate signed by `ca_path`.
+    pub require_client_cert: bool,
+    /// Client: accept any server certificate. For development only: it
+    /// gives up all protection against impersonation.
+    pub insecure_skip_verify_dangerous: bool,
+}
+
+/// Congestion controller for QUIC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Congestion {
+    /// CUBIC (default): robust on shared links.
+    #[default]
+    Cubic,
+    /// BBR: higher throughput on long fat links with loss.
+    Bbr,
+    /// NewReno: conservative.
+    NewReno,
+}
+
+impl std::str::FromStr for Congestion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "cubic" => Ok(Congestion::Cubic),
+            "bbr" => Ok(Congestion::Bbr),
+            "newreno" | "reno" => Ok(Congestion::NewReno),
+            _ => Err(format!("unknown congestion controller {s:?}: expected cubic, bbr or newreno")),
+        }
+    }
+}
+
+/// QUIC tuning. Defaults are sized for a high bandwidth-delay product:
+/// quinn's own defaults cap one stream near 100 Mbit/s at 100 ms RTT.
+#[derive(Clone, Debug)]
+pub struct QuicConfig {
+    /// Receive window of one stream (default 32 MiB).
+    pub stream_receive_window: u64,
+    /// Receive window of the connection (default 128 MiB).
+    pub receive_window: u64,
+    /// Send window (default 128 MiB).
+    pub send_window: u64,
+    /// Congestion controller (default CUBIC).
+    pub congestion: Congestion,
+    /// UDP socket buffer size to ask the OS for (default 8 MiB; the OS may cap it).
+    pub udp_buffer: usize,
+    /// Keep-alive interval (default 5 s).
+    pub keep_alive: Duration,
+    /// Close the connection after this long without packets (default 30 s).
+    pub idle_timeout: Duration,
+    /// Connections one tensor is striped across (default 1: no striping).
+    pub stripes: usize,
+}
+
+impl Default for QuicConfig {
+    fn default() -> Self {
+        Self {
+            stream_receive_window: 32 << 20,
+            receive_window: 128 << 20,
+            send_window: 128 << 20,
+            congestion: Congestion::Cubic,
+            udp_buffer: 8 << 20,
+            keep_alive: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            stripes: 1,
+        }
+    }
+}
+
+/// gRPC (HTTP/2) tuning. hyper's defaults (1 MiB server windows, 16 KiB
+/// frames) run at a fraction of TCP speed; these run near it.
+#[derive(Clone, Debug)]
+pub struct GrpcConfig {
+    /// HTTP/2 stream window (default 16 MiB).
+    pub stream_window: u32,
+    /// HTTP/2 connection window (default 64 MiB).
+    pub connection_window: u32,
+    /// HTTP/2 max frame size (default 1 MiB; HTTP/2 allows up to 16 MiB - 1).
+    pub max_frame_size: u32,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self { stream_window: 16 << 20, connection_window: 64 << 20, max_frame_size: 1 << 20 }
+    }
+}

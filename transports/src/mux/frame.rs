@@ -1,0 +1,388 @@
+//! Mux framing, sans-IO: the preface and the 16-byte frame head, plus a
+//! buffer decoder used by tests and fuzzing (the socket driver reads the
+//! same heads but places large payloads itself).
+//!
+//! ```text
+//! preface (each side, once):  "TWMX" | u16 version | u16 flags=0 | u32 stream_window | u32 max_frame_payload
+//! frame:  u32 stream | u8 type | u8 flags | u16 reserved=0 | u32 meta_len | u32 value | meta | payload
+//!   DATA   meta = protobuf FrameHeader (may be empty with FIN), value = payload length
+//!   WINDOW value = credit increment            RESET/STOP/GOAWAY meta = UTF-8 reason, value = code
+//!   PING/PONG value = opaque
+//! ```
+//! All integers little-endian. Client streams have odd ids, server streams even.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// First bytes of every mux connection.
+pub const MAGIC: [u8; 4] = *b"TWMX";
+/// The mux version this crate speaks.
+pub const MUX_VERSION: u16 = 1;
+/// Length of the preface.
+pub const PREFACE_LEN: usize = 16;
+/// Length of a frame head.
+pub const HEAD_LEN: usize = 16;
+/// DATA flag: last frame of this direction.
+pub const FLAG_FIN: u8 = 0x1;
+
+/// Frame types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Header and payload of a logical stream.
+    Data = 0,
+    /// Flow-control credit for a stream.
+    Window = 1,
+    /// The sender abandons its direction of a stream.
+    Reset = 2,
+    /// The receiver asks the sender to stop.
+    Stop = 3,
+    /// The connection is closing.
+    GoAway = 4,
+    /// Liveness probe.
+    Ping = 5,
+    /// Answer to a probe.
+    Pong = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            0 => Kind::Data,
+            1 => Kind::Window,
+            2 => Kind::Reset,
+            3 => Kind::Stop,
+            4 => Kind::GoAway,
+            5 => Kind::Ping,
+            6 => Kind::Pong,
+            _ => return None,
+        })
+    }
+}
+
+/// Error codes carried by RESET, STOP and GOAWAY.
+pub mod code {
+    /// No error (graceful close).
+    pub const NO_ERROR: u32 = 0;
+    /// The handle was dropped before the stream ended.
+    pub const CANCELLED: u32 = 1;
+    /// Too many streams are open.
+    pub const REFUSED: u32 = 2;
+    /// The peer broke the protocol.
+    pub const PROTOCOL: u32 = 3;
+    /// The peer sent more than its credit.
+    pub const FLOW_CONTROL: u32 = 4;
+    /// A frame above the size limits.
+    pub const FRAME_SIZE: u32 = 5;
+    /// The peer's preface asked for an unknown version.
+    pub const VERSION: u32 = 6;
+}
+
+/// What a side announces in its preface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preface {
+    /// Mux version.
+    pub version: u16,
+    /// Initial credit per stream the sender of this preface grants.
+    pub stream_window: u32,
+    /// Largest frame payload it accepts.
+    pub max_frame_payload: u32,
+}
+
+/// Framing errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The first bytes are not a tensorwire mux preface.
+    #[error("not a tensorwire connection: bad magic {0:02x?} (expected \"TWMX\")")]
+    BadMagic([u8; 4]),
+    /// The peer speaks another mux version.
+    #[error("unsupported mux version {0} (this side speaks {MUX_VERSION})")]
+    Version(u16),
+    /// Unknown frame type.
+    #[error("unknown frame type {0}")]
+    UnknownKind(u8),
+    /// Reserved bits set.
+    #[error("reserved bits set in frame head")]
+    Reserved,
+    /// A frame's meta section is above the limit.
+    #[error("frame header of {size} bytes exceeds the limit of {limit}")]
+    MetaTooLarge {
+        /// Declared size.
+        size: u32,
+        /// The limit.
+        limit: u32,
+    },
+    /// A frame's payload is above the limit.
+    #[error("frame payload of {size} bytes exceeds the limit of {limit}")]
+    PayloadTooLarge {
+        /// Declared size.
+        size: u32,
+        /// The limit.
+        limit: u32,
+    },
+    /// Control frames carry no payload.
+    #[error("{0:?} frame with a payload")]
+    UnexpectedPayload(Kind),
+}
+
+impl Preface {
+    /// Appends the preface.
+    pub fn encode(&self, out: &mut impl BufMut) {
+        out.put_slice(&MAGIC);
+        out.put_u16_le(self.version);
+        out.put_u16_le(0);
+        out.put_u32_le(self.stream_window);
+        out.put_u32_le(self.max_frame_payload);
+    }
+
+    /// Parses a preface; fails on bad magic or version.
+    pub fn decode(b: &[u8; PREFACE_LEN]) -> Result<Preface, FrameError> {
+        let mut s = &b[..];
+        let mut magic = [0u8; 4];
+        s.copy_to_slice(&mut magic);
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        let version = s.get_u16_le();
+        let _flags = s.get_u16_le();
+        let p = Preface { version, stream_window: s.get_u32_le(), max_frame_payload: s.get_u32_le() };
+        if version != MUX_VERSION {
+            return Err(FrameError::Version(version));
+        }
+        Ok(p)
+    }
+}
+
+/// A frame head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Stream id (0: the connection).
+    pub stream: u32,
+    /// Type.
+    pub kind: Kind,
+    /// Flags ([`FLAG_FIN`]).
+    pub flags: u8,
+    /// Bytes of meta after the head.
+    pub meta_len: u32,
+    /// Payload length (DATA) or the type's value.
+    pub value: u32,
+}
+
+impl Head {
+    /// Appends the head.
+    pub fn encode(&self, out: &mut impl BufMut) {
+        out.put_u32_le(self.stream);
+        out.put_u8(self.kind as u8);
+        out.put_u8(self.flags);
+        out.put_u16_le(0);
+        out.put_u32_le(self.meta_len);
+        out.put_u32_le(self.value);
+    }
+
+    /// Parses and checks a head against the limits (before anything is
+    /// allocated for its meta or payload).
+    pub fn decode(b: &[u8; HEAD_LEN], limits: &Limits) -> Result<Head, FrameError> {
+        let mut s = &b[..];
+        let stream = s.get_u32_le();
+        let kind_byte = s.get_u8();
+        let kind = Kind::from_u8(kind_byte).ok_or(FrameError::UnknownKind(kind_byte))?;
+        let flags = s.get_u8();
+        if s.get_u16_le() != 0 || flags & !FLAG_FIN != 0 {
+            return Err(FrameError::Reserved);
+        }
+        let meta_len = s.get_u32_le();
+        let value = s.get_u32_le();
+        if meta_len > limits.max_meta {
+            return Err(FrameError::MetaTooLarge { size: meta_len, limit: limits.max_meta });
+        }
+        if kind == Kind::Data && value > limits.max_payload {
+            return Err(FrameError::PayloadTooLarge { size: value, limit: limits.max_payload });
+        }
+        Ok(Head { stream, kind, flags, meta_len, value })
+    }
+
+    /// Payload bytes that follow the meta.
+    pub fn payload_len(&self) -> u32 {
+        if self.kind == Kind::Data { self.value } else { 0 }
+    }
+
+    /// True when the FIN flag is set.
+    pub fn fin(&self) -> bool {
+        self.flags & FLAG_FIN != 0
+    }
+}
+
+/// Size limits applied to incoming frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest meta section.
+    pub max_meta: u32,
+    /// Largest DATA payload.
+    pub max_payload: u32,
+}
+
+/// A whole frame from [`Decoder`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawFrame {
+    /// The head.
+    pub head: Head,
+    /// The meta bytes.
+    pub meta: Bytes,
+    /// The payload bytes.
+    pub payload: Bytes,
+}
+
+/// Incremental decoder: feed bytes in any split, take frames out.
+#[derive(Debug)]
+pub struct Decoder {
+    limits: Limits,
+    head: Option<Head>,
+}
+
+impl Decoder {
+    /// A decoder enforcing `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Self { limits, head: None }
+    }
+
+    /// Takes the next complete frame from the front of `buf`, or returns
+    /// None when more bytes are needed. Errors are final.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<RawFrame>, FrameError> {
+        let head = match self.head {
+            Some(h) => h,
+            None => {
+                if buf.len() < HEAD_LEN {
+                    return Ok(None);
+                }
+                let b: [u8; HEAD_LEN] = buf[..HEAD_LEN].try_into().expect("length checked");
+                let h = Head::decode(&b, &self.limits)?;
+                buf.advance(HEAD_LEN);
+                self.head = Some(h);
+                h
+            }
+        };
+        let need = head.meta_len as usize + head.payload_len() as usize;
+        if buf.len() < need {
+            buf.reserve(need - buf.len());
+            return Ok(None);
+        }
+        self.head = None;
+        let meta = buf.split_to(head.meta_len as usize).freeze();
+        let payload = buf.split_to(head.payload_len() as usize).freeze();
+        Ok(Some(RawFrame { head, meta, payload }))
+    }
+}
+
+/// Encodes a whole frame (tests and tools; the driver writes vectored).
+pub fn encode_frame(head: &Head, meta: &[u8], payload: &[u8], out: &mut BytesMut) {
+    head.encode(out);
+    out.put_slice(meta);
+    out.put_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LIMITS: Limits = Limits { max_meta: 1 << 16, max_payload: 1 << 20 };
+
+    fn frames() -> Vec<(Head, Vec<u8>, Vec<u8>)> {
+        vec![
+            (Head { stream: 1, kind: Kind::Data, flags: 0, meta_len: 3, value: 5 }, vec![1, 2, 3], vec![9; 5]),
+            (Head { stream: 1, kind: Kind::Data, flags: FLAG_FIN, meta_len: 0, value: 0 }, vec![], vec![]),
+            (Head { stream: 2, kind: Kind::Window, flags: 0, meta_len: 0, value: 1 << 20 }, vec![], vec![]),
+            (Head { stream: 3, kind: Kind::Reset, flags: 0, meta_len: 4, value: 7 }, b"oops".to_vec(), vec![]),
+            (
+                Head { stream: 5, kind: Kind::Data, flags: FLAG_FIN, meta_len: 2, value: 70_000 },
+                vec![0; 2],
+                vec![3; 70_000],
+            ),
+        ]
+    }
+
+    #[test]
+    fn split_at_every_byte_boundary() {
+        let mut wire = BytesMut::new();
+        for (h, m, p) in frames() {
+            encode_frame(&h, &m, &p, &mut wire);
+        }
+        let wire = wire.freeze();
+        // Feed one split point at a time: the decoder must reassemble the same frames.
+        for split in 0..wire.len() {
+            let mut dec = Decoder::new(LIMITS);
+            let mut buf = BytesMut::new();
+            let mut got = vec![];
+            for part in [&wire[..split], &wire[split..]] {
+                buf.extend_from_slice(part);
+                while let Some(f) = dec.decode(&mut buf).unwrap() {
+                    got.push(f);
+                }
+            }
+            assert_eq!(got.len(), frames().len(), "split at {split}");
+            for (f, (h, m, p)) in got.iter().zip(frames()) {
+                assert_eq!((f.head, f.meta.as_ref(), f.payload.as_ref()), (h, &m[..], &p[..]));
+            }
+        }
+        // And byte by byte.
+        let mut dec = Decoder::new(LIMITS);
+        let mut buf = BytesMut::new();
+        let mut n = 0;
+        for b in wire.iter() {
+            buf.put_u8(*b);
+            while dec.decode(&mut buf).unwrap().is_some() {
+                n += 1;
+            }
+        }
+        assert_eq!(n, frames().len());
+    }
+
+    #[test]
+    fn limits_are_checked_before_allocation() {
+        let mut buf = BytesMut::new();
+        Head { stream: 1, kind: Kind::Data, flags: 0, meta_len: 0, value: u32::MAX }.encode(&mut buf);
+        assert_eq!(
+            Decoder::new(LIMITS).decode(&mut buf).unwrap_err(),
+            FrameError::PayloadTooLarge { size: u32::MAX, limit: 1 << 20 }
+        );
+        let mut buf = BytesMut::new();
+        Head { stream: 1, kind: Kind::Data, flags: 0, meta_len: u32::MAX, value: 0 }.encode(&mut buf);
+        assert!(matches!(Decoder::new(LIMITS).decode(&mut buf), Err(FrameError::MetaTooLarge { .. })));
+        let mut buf = BytesMut::from(&[0u8, 0, 0, 0, 99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
+        assert_eq!(Decoder::new(LIMITS).decode(&mut buf).unwrap_err(), FrameError::UnknownKind(99));
+        let mut buf = BytesMut::from(&[0u8, 0, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
+        assert_eq!(Decoder::new(LIMITS).decode(&mut buf).unwrap_err(), FrameError::Reserved);
+    }
+
+    #[test]
+    fn preface() {
+        let mut b = BytesMut::new();
+        Preface { version: MUX_VERSION, stream_window: 123, max_frame_payload: 456 }.encode(&mut b);
+        let arr: [u8; PREFACE_LEN] = b[..].try_into().unwrap();
+        assert_eq!(Preface::decode(&arr).unwrap().stream_window, 123);
+        let mut bad = arr;
+        bad[4] = 9;
+        assert_eq!(Preface::decode(&bad).unwrap_err(), FrameError::Version(9));
+        assert!(matches!(Preface::decode(b"GET / HTTP/1.1\r\n"), Err(FrameError::BadMagic(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn heads_round_trip(stream: u32, kind in 0u8..7, fin: bool, meta_len in 0u32..=(1 << 16), value: u32) {
+            let kind = Kind::from_u8(kind).unwrap();
+            let value = if kind == Kind::Data { value % (1 << 20) } else { value };
+            let h = Head { stream, kind, flags: if fin { FLAG_FIN } else { 0 }, meta_len, value };
+            let mut b = BytesMut::new();
+            h.encode(&mut b);
+            let arr: [u8; HEAD_LEN] = b[..].try_into().unwrap();
+            prop_assert_eq!(Head::decode(&arr, &LIMITS).unwrap(), h);
+        }
+
+        #[test]
+        fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut dec = Decoder::new(LIMITS);
+            let mut buf = BytesMut::from(&data[..]);
+            while let Ok(Some(_)) = dec.decode(&mut buf) {}
+        }
+    }
+}

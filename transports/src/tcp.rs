@@ -1,0 +1,63 @@
+//! `tcp://host:port`: the mux over a TCP socket with TCP_NODELAY, larger
+//! socket buffers and TCP keep-alive.
+
+use std::sync::Arc;
+
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::listener::{QueueListener, backoff, establish_error, handshake_in_background};
+use crate::mux::{self, Role, SocketInfo};
+use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
+
+fn tune(s: &TcpStream, config: &TransportConfig) {
+    let _ = s.set_nodelay(true);
+    let sock = SockRef::from(s);
+    if let Some(n) = config.socket_buffer {
+        let _ = sock.set_send_buffer_size(n);
+        let _ = sock.set_recv_buffer_size(n);
+    }
+    if let Some(iv) = config.keepalive_interval {
+        let _ = sock.set_tcp_keepalive(&TcpKeepalive::new().with_time(iv).with_interval(iv));
+    }
+}
+
+/// Connects to `tcp://host:port`.
+pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
+    let s = TcpStream::connect(endpoint.authority())
+        .await
+        .map_err(|source| ConnectError::Io { endpoint: endpoint.to_string(), source })?;
+    tune(&s, config);
+    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| endpoint.authority());
+    let local = s.peer_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
+    let (rd, wr) = s.into_split();
+    let c = mux::establish(rd, wr, Role::Client, SocketInfo { peer, transport: "tcp", local }, config)
+        .await
+        .map_err(|e| establish_error(endpoint, e))?;
+    Ok(c)
+}
+
+/// Listens on `tcp://host:port` (port 0 picks a free port).
+pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
+    let l = TcpListener::bind(endpoint.authority())
+        .await
+        .map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
+    let port = l.local_addr().map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?.port();
+    let (tx, rx) = mpsc::channel(64);
+    let config = config.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            match l.accept().await {
+                Ok((s, addr)) => {
+                    tune(&s, &config);
+                    let (rd, wr) = s.into_split();
+                    let info = SocketInfo { peer: addr.to_string(), transport: "tcp", local: addr.ip().is_loopback() };
+                    handshake_in_background(rd, wr, info, config.clone(), tx.clone());
+                }
+                Err(e) => backoff(&e).await,
+            }
+        }
+    });
+    Ok(Box::new(QueueListener { rx, local: endpoint.with_port(port), task, cleanup: None }))
+}
