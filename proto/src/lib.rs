@@ -54,13 +54,16 @@ impl v1::FrameHeader {
         }
     }
 
-    /// Byte offset in the tensor's decoded payload where this frame's payload
-    /// may be written directly: `Some` only for uncompressed chunks, whose
-    /// payload maps one to one onto `offset..offset+len`.
-    pub fn placement_offset(&self) -> Option<u64> {
+    /// `(tensor id, byte offset)` at which this frame's payload may be
+    /// written directly into the tensor's buffer: `Some` only for
+    /// uncompressed chunks after the first (the first one is what tells the
+    /// receiver to allocate), whose payload maps one to one onto
+    /// `offset..offset+len` of the decoded payload.
+    pub fn placement_offset(&self) -> Option<(u64, u64)> {
         let c = self.as_chunk()?;
         let none = v1::Compression::None as i32;
-        (c.compression == none || c.compression == v1::Compression::Unspecified as i32).then_some(c.offset)
+        let plain = c.compression == none || c.compression == v1::Compression::Unspecified as i32;
+        (plain && c.index > 0).then_some((c.tensor_id, c.offset))
     }
 
     /// Short name of the frame kind, for logs and error messages.

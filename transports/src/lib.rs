@@ -104,21 +104,30 @@ impl Payload {
     }
 }
 
-/// A buffer a receiver registers so that the transport writes uncompressed
-/// chunk payloads directly at their offsets (see
-/// [`FrameHeader::placement_offset`]) instead of handing over a copy: the
-/// receive path of a large tensor then has no copy besides the socket read.
+/// A buffer a receiver registers for one tensor so that the transport
+/// writes that tensor's uncompressed chunk payloads directly at their
+/// offsets (see [`FrameHeader::placement_offset`]) instead of handing over a
+/// copy: the receive path of a large tensor then has no copy besides the
+/// socket read. Chunks of other tensors are never placed in it.
 #[derive(Clone, Debug)]
 pub struct Placement {
     buf: Arc<tokio::sync::Mutex<Vec<u8>>>,
     len: usize,
+    tensor_id: u64,
 }
 
 impl Placement {
-    /// Wraps a buffer (its length is fixed from now on).
-    pub fn new(buf: Vec<u8>) -> Self {
+    /// Wraps a buffer for the tensor `tensor_id` (its length is fixed from now on).
+    pub fn new(buf: Vec<u8>, tensor_id: u64) -> Self {
         let len = buf.len();
-        Self { buf: Arc::new(tokio::sync::Mutex::new(buf)), len }
+        Self { buf: Arc::new(tokio::sync::Mutex::new(buf)), len, tensor_id }
+    }
+
+    /// The payload range `offset..offset+len` of tensor `tensor_id` fits here.
+    pub fn accepts(&self, tensor_id: u64, offset: u64, len: usize) -> bool {
+        tensor_id == self.tensor_id
+            && len > 0
+            && offset.checked_add(len as u64).is_some_and(|end| end <= self.len as u64)
     }
 
     /// Buffer length.
@@ -392,6 +401,9 @@ pub struct ConnectionInfo {
     pub max_frame_payload: u64,
     /// True when payload bytes cross no network (Unix sockets, shm).
     pub local: bool,
+    /// True when each stream stands alone and there is no per-connection
+    /// handshake (gRPC: calls from many HTTP/2 connections arrive as one).
+    pub stateless: bool,
 }
 
 /// A stream opened by the peer, ready to be served.

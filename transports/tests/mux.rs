@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn chunk_header(offset: u64, len: u64) -> FrameHeader {
     FrameHeader::new(HKind::Chunk(v1::Chunk {
         tensor_id: 1,
+        index: (offset / (1 << 20)) as u32 + 1,
         offset,
         raw_len: len,
         compression: v1::Compression::None as i32,
@@ -156,7 +157,7 @@ async fn placement_receives_in_place() {
     let mut inc = p.server.accept_or_first(&mut tx).await;
     let total = 4 << 20;
     let whole = data(total, 3);
-    let placement = Placement::new(vec![0u8; total]);
+    let placement = Placement::new(vec![0u8; total], 1);
     inc.recv.place(Some(placement.clone()));
     let chunk = 1 << 20;
     for off in (0..total).step_by(chunk) {
@@ -175,6 +176,33 @@ async fn placement_receives_in_place() {
     assert_eq!(placed, total);
     inc.recv.place(None);
     assert_eq!(placement.into_inner().await, whole.to_vec());
+}
+
+#[tokio::test]
+async fn placement_never_takes_another_tensors_chunks() {
+    let p = pair("unix", TransportConfig::default()).await;
+    let (mut tx, _rx) = p.client.open(StreamKind::Send).await.unwrap();
+    let mut inc = p.server.accept_or_first(&mut tx).await;
+    // Registered for tensor 1, while chunks of tensor 2 (and a first chunk) arrive.
+    let placement = Placement::new(vec![0u8; 1 << 20], 1);
+    inc.recv.place(Some(placement.clone()));
+    let mut other = chunk_header(0, 4096);
+    if let Some(HKind::Chunk(c)) = &mut other.kind {
+        c.tensor_id = 2;
+        c.index = 1;
+    }
+    tx.send(Frame { header: other, payload: data(4096, 1) }).await.unwrap();
+    let mut first = chunk_header(0, 4096);
+    if let Some(HKind::Chunk(c)) = &mut first.kind {
+        c.index = 0;
+    }
+    tx.send(Frame { header: first, payload: data(4096, 2) }).await.unwrap();
+    for _ in 0..2 {
+        let r = inc.recv.recv().await.unwrap().unwrap();
+        assert!(matches!(r.payload, Payload::Bytes(_)), "a foreign chunk was placed");
+    }
+    inc.recv.place(None);
+    assert!(placement.into_inner().await.iter().all(|&b| b == 0));
 }
 
 /// Sends one empty frame so the server sees the stream, then accepts it.

@@ -373,6 +373,7 @@ impl Connection for MuxConnection {
             peer: self.shared.peer.clone(),
             max_frame_payload: self.shared.peer_max_payload.into(),
             local: self.shared.local,
+            stateless: false,
         }
     }
 
@@ -884,10 +885,8 @@ async fn on_data<R: AsyncRead + Unpin>(
                 let place = match (&inner.placement, &header) {
                     (Some(p), Some(h)) => h
                         .placement_offset()
-                        .filter(|&off| {
-                            off.checked_add(plen as u64).is_some_and(|end| end <= p.len() as u64) && plen > 0
-                        })
-                        .map(|off| (p.clone(), off)),
+                        .filter(|&(id, off)| p.accepts(id, off, plen))
+                        .map(|(_, off)| (p.clone(), off)),
                     _ => None,
                 };
                 (place, true)

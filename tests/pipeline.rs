@@ -1,0 +1,373 @@
+//! The pipeline (send, fetch, exchange, compute) over real sockets on
+//! loopback, every test on every transport.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tensorwire::builtins::random_tensor;
+use tensorwire::proto::v1::{self, frame_header::Kind};
+use tensorwire::transports::{self, Frame, FrameHeader, StreamKind};
+use tensorwire::{
+    Args, CallError, Client, ClientConfig, Code, CodecKind, Compression, CompressionMode, DType, Encoding,
+    FetchRequest, Limits, ServerConfig, Tensor,
+};
+
+mod suite {
+    use super::*;
+
+    pub async fn send_then_fetch_every_sample(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let samples = sample_tensors(true);
+        let summary = client.send(samples.clone()).await.unwrap();
+        assert_eq!(summary.received, samples.len() as u64);
+        assert_eq!(summary.bytes, samples.iter().map(|t| t.nbytes() as u64).sum::<u64>());
+        for t in &samples {
+            let back = client.fetch_one(t.name().unwrap()).await.unwrap();
+            assert_same(t, &back);
+            assert_eq!(back.name(), t.name());
+            assert_eq!(back.metadata(), t.metadata());
+        }
+        // A transpose travels with its strides (no copy); a narrowed view is made contiguous.
+        let tr = client.fetch_one("transposed").await.unwrap();
+        assert!(!tr.is_contiguous() && tr.is_dense());
+        assert!(client.fetch_one("narrowed").await.unwrap().is_contiguous());
+    }
+
+    pub async fn exchange_echoes_in_order(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let samples = sample_tensors(true);
+        let out = client.exchange_all(samples.clone()).await.unwrap();
+        assert_eq!(out.len(), samples.len());
+        for (a, b) in samples.iter().zip(&out) {
+            assert_same(a, b);
+        }
+    }
+
+    pub async fn compute_builtins(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let samples = sample_tensors(false);
+        let out = client.compute("identity", samples.clone()).await.unwrap();
+        for (a, b) in samples.iter().zip(&out) {
+            assert_same(a, b);
+        }
+        let x = Tensor::from_vec([2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let y = client.call("scale", vec![x.clone()], Args::new().with("factor", 0.5)).await.unwrap();
+        assert_eq!(y.tensors[0].as_slice::<f32>().unwrap(), &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+        let s = client.compute("sum", vec![x.clone(), x]).await.unwrap();
+        assert_eq!(s[0].as_slice::<f32>().unwrap(), &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+        // A big input goes through a function too.
+        let big = random_tensor(DType::Float32, &[16, 1 << 20], 9).unwrap();
+        let back = client.compute("identity", vec![big.clone()]).await.unwrap();
+        assert_same(&big, &back[0]);
+    }
+
+    pub async fn sixty_four_concurrent_calls(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let c = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let x = random_tensor(DType::Float32, &[1024], i).unwrap();
+                let y = c.compute("identity", vec![x.clone()]).await.unwrap();
+                assert_same(&x, &y[0]);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let st = client.statistics();
+        assert_eq!((st.requests, st.successes, st.failures), (64, 64, 0));
+    }
+
+    pub async fn handler_errors_are_typed_and_the_connection_survives(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let e = client.compute("no-such-function", vec![]).await.unwrap_err();
+        let s = e.status().expect("a remote status");
+        assert_eq!(s.code, Code::NotFound);
+        assert!(s.message.contains("identity, scale, sum"), "{s}");
+        let e = client.fetch_one("missing").await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        let e = client
+            .call("scale", vec![Tensor::zeros(DType::Float32, [2]).unwrap()], Args::new().with("factor", "x"))
+            .await;
+        assert_eq!(e.unwrap_err().code(), Code::InvalidArgument);
+        // Same connection, still serving.
+        let x = Tensor::from_vec([1], vec![7u8]).unwrap();
+        assert_same(&x, &client.compute("identity", vec![x.clone()]).await.unwrap()[0]);
+        assert_eq!(client.statistics().failures, 3);
+    }
+
+    pub async fn compressed_and_checksummed_transfers(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let ramp: Vec<f32> = (0..(4 << 20)).map(|i| i as f32 * 1e-3).collect();
+        let ramp = Tensor::from_vec([4 << 20], ramp).unwrap().with_name("ramp");
+        for (c, shuffle) in [(Compression::Lz4, false), (Compression::Zstd(1), true), (Compression::Zstd(3), false)] {
+            let cfg = ClientConfig {
+                encoding: Encoding {
+                    compression: CompressionMode::Fixed(c),
+                    shuffle,
+                    checksums: true,
+                    ..Encoding::default()
+                },
+                ..ClientConfig::default()
+            };
+            let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+            client.send(vec![ramp.clone()]).await.unwrap();
+            // The response is compressed the same way (the request asks for it).
+            assert_same(&ramp, &client.fetch_one("ramp").await.unwrap());
+        }
+    }
+
+    pub async fn torch_and_safetensors_codecs_on_the_wire(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        for codec in [CodecKind::Torch, CodecKind::Safetensors] {
+            let cfg = ClientConfig { encoding: Encoding { codec, ..Encoding::default() }, ..ClientConfig::default() };
+            let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+            let mut samples = sample_tensors(false);
+            if codec == CodecKind::Safetensors {
+                samples.retain(|t| t.dtype() != DType::Complex128);
+            }
+            let out = client.exchange_all(samples.clone()).await.unwrap();
+            for (a, b) in samples.iter().zip(&out) {
+                assert_same(a, b);
+            }
+        }
+    }
+
+    /// A connection that has completed the handshake, for sending raw frames.
+    async fn raw(url: &str) -> std::sync::Arc<dyn transports::Connection> {
+        let ep = transports::Endpoint::parse(url).unwrap();
+        let conn = transports::connect(&ep, &Default::default()).await.unwrap();
+        let reply = raw_call(&conn, StreamKind::Handshake, vec![hello(tensorwire::PROTOCOL_VERSION)]).await;
+        assert!(matches!(reply[0].kind, Some(Kind::Welcome(_))), "{reply:?}");
+        conn
+    }
+
+    fn hello(version: u32) -> Frame {
+        Frame::header_only(FrameHeader::new(Kind::Hello(v1::Hello { version, ..Default::default() })))
+    }
+
+    fn request(method: v1::Method) -> Frame {
+        Frame::header_only(FrameHeader::new(Kind::Request(v1::Request { method: method as i32, ..Default::default() })))
+    }
+
+    fn chunk(info: Option<v1::TensorInfo>, total: u64, payload: &[u8], last: bool) -> Frame {
+        Frame {
+            header: FrameHeader::new(Kind::Chunk(v1::Chunk {
+                tensor_id: 1,
+                index: 0,
+                offset: 0,
+                total_bytes: total,
+                last,
+                compression: v1::Compression::None as i32,
+                raw_len: payload.len() as u64,
+                info,
+                ..Default::default()
+            })),
+            payload: bytes::Bytes::copy_from_slice(payload),
+        }
+    }
+
+    fn info(dtype: v1::Dtype, shape: &[u64], codec: i32) -> Option<v1::TensorInfo> {
+        Some(v1::TensorInfo { dtype: dtype as i32, shape: shape.to_vec(), codec, ..Default::default() })
+    }
+
+    /// Sends `frames` on a new stream, ends it, and returns the headers that come back.
+    async fn raw_call(
+        conn: &std::sync::Arc<dyn transports::Connection>,
+        kind: StreamKind,
+        frames: Vec<Frame>,
+    ) -> Vec<FrameHeader> {
+        let (mut tx, mut rx) = conn.open(kind).await.unwrap();
+        for f in frames {
+            if tx.send(f).await.is_err() {
+                break;
+            }
+        }
+        let _ = tx.finish().await;
+        let mut out = vec![];
+        while let Ok(Some(r)) = rx.recv().await {
+            out.push(r.header);
+        }
+        out
+    }
+
+    fn error_of(headers: &[FrameHeader]) -> v1::Error {
+        match headers.last().and_then(|h| h.kind.clone()) {
+            Some(Kind::Error(e)) => e,
+            other => panic!("expected an error frame, got {other:?}"),
+        }
+    }
+
+    pub async fn bad_input_gets_clear_errors_and_the_server_keeps_serving(scheme: &str) {
+        let cfg = ServerConfig {
+            limits: Limits { max_tensor_bytes: 1 << 20, ..Limits::default() },
+            ..ServerConfig::default()
+        };
+        let (server, _dir) = start(store_server(cfg), scheme).await;
+        let url = server.url();
+        let conn = raw(&url).await;
+        let raw_codec = v1::Codec::Raw as i32;
+        // Truncated: the first chunk declares 1000 bytes, the stream ends after 100.
+        let e = error_of(
+            &raw_call(
+                &conn,
+                StreamKind::Send,
+                vec![
+                    request(v1::Method::Send),
+                    chunk(info(v1::Dtype::Uint8, &[1000], raw_codec), 1000, &[1; 100], false),
+                ],
+            )
+            .await,
+        );
+        assert_eq!(e.code, v1::ErrorCode::Protocol as i32);
+        assert!(e.message.contains("ended in the middle of a tensor"), "{}", e.message);
+        // A declared size above max_tensor_bytes, refused before allocation.
+        let e = error_of(
+            &raw_call(
+                &conn,
+                StreamKind::Send,
+                vec![
+                    request(v1::Method::Send),
+                    chunk(info(v1::Dtype::Uint8, &[1 << 40], raw_codec), 1 << 40, &[1; 10], false),
+                ],
+            )
+            .await,
+        );
+        assert_eq!(e.code, v1::ErrorCode::LimitExceeded as i32, "{}", e.message);
+        assert!(e.message.contains("max_tensor_bytes"), "{}", e.message);
+        // shape × dtype disagrees with the bytes.
+        let e = error_of(
+            &raw_call(
+                &conn,
+                StreamKind::Send,
+                vec![
+                    request(v1::Method::Send),
+                    chunk(info(v1::Dtype::Float32, &[2, 3], raw_codec), 20, &[0; 20], true),
+                ],
+            )
+            .await,
+        );
+        assert_eq!(e.code, v1::ErrorCode::InvalidArgument as i32);
+        assert!(e.message.contains("needs 24 bytes"), "{}", e.message);
+        // Unknown codec.
+        let e = error_of(
+            &raw_call(
+                &conn,
+                StreamKind::Send,
+                vec![request(v1::Method::Send), chunk(info(v1::Dtype::Uint8, &[4], 99), 4, &[0; 4], true)],
+            )
+            .await,
+        );
+        assert_eq!(e.code, v1::ErrorCode::UnsupportedCodec as i32, "{}", e.message);
+        // Unknown protocol version in a handshake.
+        let e = error_of(&raw_call(&conn, StreamKind::Handshake, vec![hello(99)]).await);
+        assert_eq!(e.code, v1::ErrorCode::UnsupportedVersion as i32);
+        assert!(e.message.contains("version 99"), "{}", e.message);
+        // A call without a handshake on a fresh connection.
+        let ep = transports::Endpoint::parse(&url).unwrap();
+        let fresh = transports::connect(&ep, &Default::default()).await.unwrap();
+        let e = error_of(&raw_call(&fresh, StreamKind::Call, vec![request(v1::Method::Info)]).await);
+        assert_eq!(e.code, v1::ErrorCode::FailedPrecondition as i32);
+        // And the server still serves a second client.
+        let client = Client::connect(&url).await.unwrap();
+        let x = Tensor::from_vec([3], vec![1u8, 2, 3]).unwrap();
+        assert_same(&x, &client.compute("identity", vec![x.clone()]).await.unwrap()[0]);
+        let too_big = Tensor::zeros(DType::UInt8, [2 << 20]).unwrap();
+        // The client knows the server's limit from the handshake and refuses locally.
+        assert!(matches!(client.send(vec![too_big]).await, Err(CallError::Limit { .. })));
+    }
+
+    pub async fn random_bytes_on_the_socket(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let url = server.url();
+        let ep = transports::Endpoint::parse(&url).unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 7) as u8).collect();
+        let mut rest = Vec::new();
+        match scheme {
+            "tcp" => {
+                let mut s = tokio::net::TcpStream::connect(ep.authority()).await.unwrap();
+                let _ = s.write_all(&garbage).await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await.unwrap();
+            }
+            _ => {
+                let mut s = tokio::net::UnixStream::connect(ep.path()).await.unwrap();
+                let _ = s.write_all(&garbage).await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await.unwrap();
+            }
+        }
+        // The server answered with its preface and a GOAWAY naming the problem, then closed.
+        assert!(String::from_utf8_lossy(&rest).contains("not a tensorwire connection"));
+        let client = Client::connect(&url).await.unwrap();
+        assert!(client.health().await.unwrap());
+    }
+
+    pub async fn blocking_client_and_fetch_by_shape(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let url = server.url();
+        let got = tokio::task::spawn_blocking(move || {
+            let c = tensorwire::BlockingClient::connect(&url).unwrap();
+            let t = random_tensor(DType::Int64, &[1000], 3).unwrap().with_name("b");
+            c.send(vec![t.clone()]).unwrap();
+            let back = c.fetch(FetchRequest::name("b")).unwrap();
+            assert_same(&t, &back[0]);
+            // The seed's SendTensors: count and shape.
+            let r = c.fetch(FetchRequest::default().param("shape", "50,50").param("count", "3")).unwrap();
+            drop(c);
+            r
+        })
+        .await
+        .unwrap();
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|t| t.shape() == [50, 50] && t.dtype() == DType::Float32));
+        // The dropped client's connection is closed; new ones still work.
+        let client = Client::connect(&server.url()).await.unwrap();
+        assert!(client.health().await.unwrap());
+    }
+}
+
+macro_rules! transport_suite {
+    ($($name:ident => $scheme:literal),* $(,)?) => {$(
+        mod $name {
+            use super::suite;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn send_then_fetch_every_sample() { suite::send_then_fetch_every_sample($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn exchange_echoes_in_order() { suite::exchange_echoes_in_order($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn compute_builtins() { suite::compute_builtins($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sixty_four_concurrent_calls() { suite::sixty_four_concurrent_calls($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn handler_errors_are_typed_and_the_connection_survives() { suite::handler_errors_are_typed_and_the_connection_survives($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn compressed_and_checksummed_transfers() { suite::compressed_and_checksummed_transfers($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn torch_and_safetensors_codecs_on_the_wire() { suite::torch_and_safetensors_codecs_on_the_wire($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() { suite::bad_input_gets_clear_errors_and_the_server_keeps_serving($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn blocking_client_and_fetch_by_shape() { suite::blocking_client_and_fetch_by_shape($scheme).await }
+        }
+    )*};
+}
+
+transport_suite!(tcp => "tcp", unix => "unix");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bytes_on_tcp() {
+    suite::random_bytes_on_the_socket("tcp").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bytes_on_unix() {
+    suite::random_bytes_on_the_socket("unix").await
+}
