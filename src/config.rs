@@ -1,5 +1,7 @@
 //! Client and server settings: plain structs with documented units and defaults.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tensorwire_codecs::{CodecKind, CompressionMode, DecodeLimits};
@@ -108,6 +110,9 @@ pub struct ClientConfig {
     /// Let transports write received chunks straight into the tensor buffer
     /// (default true).
     pub placement: bool,
+    /// When set, tensor payload bytes sent and received are added here as
+    /// each chunk moves (for progress bars).
+    pub progress: Option<Arc<AtomicU64>>,
 }
 
 impl Default for ClientConfig {
@@ -120,6 +125,7 @@ impl Default for ClientConfig {
             retry: RetryPolicy::default(),
             auth_token: None,
             placement: true,
+            progress: None,
         }
     }
 }

@@ -123,11 +123,10 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         );
         return fail(writer, s).await;
     }
-    if let Some(token) = &inner.config.auth_token {
-        if !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes()) {
+    if let Some(token) = &inner.config.auth_token
+        && !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes()) {
             return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
         }
-    }
     *sess.caps.lock().unwrap_or_else(|e| e.into_inner()) = PeerCaps {
         limits: hello.limits,
         codecs: Some(hello.codecs.clone()),

@@ -103,6 +103,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+pub mod bench;
 pub mod builtins;
 pub mod chunk;
 mod client;

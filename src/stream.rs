@@ -63,6 +63,7 @@ pub(crate) struct FrameWriter {
     link: Option<std::sync::Arc<LinkEstimator>>,
     pub(crate) bytes_sent: u64,
     pub(crate) tensors_sent: u64,
+    pub(crate) progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl FrameWriter {
@@ -83,6 +84,7 @@ impl FrameWriter {
             link,
             bytes_sent: 0,
             tensors_sent: 0,
+            progress: None,
         }
     }
 
@@ -99,11 +101,10 @@ impl FrameWriter {
     }
 
     fn check_codec(&self, codec: CodecKind) -> Result<(), CallError> {
-        if let Some(accepted) = &self.caps.codecs {
-            if !accepted.is_empty() && !accepted.contains(&(codec_to_wire(codec) as i32)) {
+        if let Some(accepted) = &self.caps.codecs
+            && !accepted.is_empty() && !accepted.contains(&(codec_to_wire(codec) as i32)) {
                 return Err(CallError::Unsupported(format!("the peer does not accept the {codec} codec")));
             }
-        }
         Ok(())
     }
 
@@ -127,15 +128,14 @@ impl FrameWriter {
         let codec = tensorwire_codecs::codec(codec_kind).map_err(|e| CallError::Unsupported(e.to_string()))?;
         let encoded = codec.encode(t)?;
         let total = encoded.len();
-        if let Some(l) = &self.caps.limits {
-            if l.max_tensor_bytes > 0 && total > l.max_tensor_bytes {
+        if let Some(l) = &self.caps.limits
+            && l.max_tensor_bytes > 0 && total > l.max_tensor_bytes {
                 return Err(CallError::Limit {
                     what: "tensor (the peer's max_tensor_bytes)",
                     size: total,
                     limit: l.max_tensor_bytes,
                 });
             }
-        }
         let info = info_to_wire(&encoded.info, codec_kind);
         let crc =
             self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
@@ -154,15 +154,18 @@ impl FrameWriter {
         let started = Instant::now();
         let mut wire_bytes = 0u64;
         while let Some((mut c, mut payload)) = chunker.next_chunk() {
-            if compression != Compression::None && payload.len() >= 512 {
-                if let Some(z) = self.compressor.compress(compression, shuffle, &payload)? {
+            if compression != Compression::None && payload.len() >= 512
+                && let Some(z) = self.compressor.compress(compression, shuffle, &payload)? {
                     c.compression = compression_to_wire(compression) as i32;
                     c.shuffle = shuffle;
                     payload = Bytes::from(z);
                 }
-            }
             wire_bytes += payload.len() as u64;
+            let raw_len = c.raw_len;
             self.send.send(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload }).await?;
+            if let Some(p) = &self.progress {
+                p.fetch_add(raw_len, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         if let Some(link) = &self.link {
             link.record(wire_bytes, started.elapsed().as_secs_f64());
@@ -198,6 +201,7 @@ impl FrameWriter {
 }
 
 /// One thing read from a stream.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Item {
     Tensor(Tensor),
     Control(FrameHeader),
@@ -214,6 +218,7 @@ pub(crate) struct FrameReader {
     placement: bool,
     pub(crate) tensors: u64,
     pub(crate) bytes: u64,
+    pub(crate) progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl FrameReader {
@@ -227,6 +232,7 @@ impl FrameReader {
             placement,
             tensors: 0,
             bytes: 0,
+            progress: None,
         }
     }
 
@@ -306,7 +312,7 @@ impl FrameReader {
 
     async fn read_rest(
         &mut self,
-        buf: &mut Vec<u8>,
+        buf: &mut [u8],
         placement: Option<&Placement>,
         last: &mut bool,
     ) -> Result<(), CallError> {
@@ -333,6 +339,9 @@ impl FrameReader {
                 }
             }
             *last = plan.last;
+            if let Some(p) = &self.progress {
+                p.fetch_add(plan.raw_len as u64, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -465,16 +474,14 @@ impl TensorSink<'_> {
 
 /// Codec and compression a request asks for, applied to an encoding.
 pub(crate) fn apply_response_encoding(mut enc: Encoding, req: &v1::Request) -> Encoding {
-    if req.response_codec != 0 {
-        if let Ok(c) = codec_from_wire(req.response_codec) {
+    if req.response_codec != 0
+        && let Ok(c) = codec_from_wire(req.response_codec) {
             enc.codec = c;
         }
-    }
-    if req.response_compression != 0 {
-        if let Ok(c) = crate::wire::compression_from_wire(req.response_compression) {
+    if req.response_compression != 0
+        && let Ok(c) = crate::wire::compression_from_wire(req.response_compression) {
             enc.compression = CompressionMode::Fixed(c);
             enc.shuffle = req.response_shuffle > 1;
         }
-    }
     enc
 }

@@ -116,8 +116,8 @@ impl TaskManager {
                 e.state = TaskState::Running;
             }
             let r = f.run(call).await;
-            if let Some(e) = lock(&tasks).get_mut(&tid) {
-                if e.state != TaskState::Cancelled {
+            if let Some(e) = lock(&tasks).get_mut(&tid)
+                && e.state != TaskState::Cancelled {
                     e.state = match &r {
                         Ok(_) => TaskState::Done,
                         Err(s) => TaskState::Failed(s.to_string()),
@@ -125,7 +125,6 @@ impl TaskManager {
                     e.result = Some(r);
                     e.finished_at = Some(Instant::now());
                 }
-            }
             let _ = done_tx.send(true);
         });
         if let Some(e) = lock(&self.tasks).get_mut(&id) {

@@ -351,7 +351,7 @@ pub fn check_shape(dtype: DType, shape: &[usize], limits: &DecodeLimits) -> Resu
 
 /// Returns `data` if its address suits `align`, otherwise a 16-byte aligned copy.
 pub fn aligned(data: Bytes, align: usize) -> Bytes {
-    if (data.as_ptr() as usize) % align.max(1) == 0 {
+    if (data.as_ptr() as usize).is_multiple_of(align.max(1)) {
         data
     } else {
         crate::tensor::AlignedBuf::from_slice(&data).freeze()

@@ -80,11 +80,10 @@ impl FromStr for Compression {
             "zstd" => return Ok(Compression::Zstd(3)),
             _ => {}
         }
-        if let Some(level) = t.strip_prefix("zstd:").and_then(|l| l.parse::<i32>().ok()) {
-            if (1..=22).contains(&level) {
+        if let Some(level) = t.strip_prefix("zstd:").and_then(|l| l.parse::<i32>().ok())
+            && (1..=22).contains(&level) {
                 return Ok(Compression::Zstd(level));
             }
-        }
         Err(UnknownCompression(s.to_string()))
     }
 }
@@ -233,7 +232,7 @@ impl Compressor {
         } else {
             input
         };
-        let out = match compression {
+        let out: Vec<u8> = match compression {
             Compression::None => return Ok(None),
             #[cfg(feature = "lz4")]
             Compression::Lz4 => {
@@ -321,7 +320,7 @@ impl Decompressor {
 
     fn decompress_raw(&mut self, compression: Compression, input: &[u8], dst: &mut [u8]) -> Result<(), DecodeError> {
         let want = dst.len();
-        let got = match compression {
+        let got: usize = match compression {
             Compression::None => unreachable!("handled by decompress"),
             #[cfg(feature = "lz4")]
             Compression::Lz4 => lz4_flex::block::decompress_into(input, dst)

@@ -50,11 +50,10 @@ impl FromStr for Device {
         if t == "cuda" {
             return Ok(Device::Cuda(0));
         }
-        if let Some(n) = t.strip_prefix("cuda:") {
-            if let Ok(n) = n.parse() {
+        if let Some(n) = t.strip_prefix("cuda:")
+            && let Ok(n) = n.parse() {
                 return Ok(Device::Cuda(n));
             }
-        }
         Err(UnknownDevice(s.to_string()))
     }
 }
@@ -680,13 +679,12 @@ impl Tensor {
             if d == 1 {
                 continue;
             }
-            if let Some(last) = dims.last_mut() {
-                if last.1 == s * d {
+            if let Some(last) = dims.last_mut()
+                && last.1 == s * d {
                     last.0 *= d;
                     last.1 = s;
                     continue;
                 }
-            }
             dims.push((d, s));
         }
         let base = self.offset * it;
@@ -831,7 +829,7 @@ mod tests {
         // A view starting at an odd byte address: borrowed views refuse, to_vec copies.
         let raw = Bytes::from(vec![0u8; 17]);
         let t = Tensor::new(DType::Float32, [4], raw.slice(1..17)).unwrap();
-        if (raw.as_ptr() as usize + 1) % 4 != 0 {
+        if !(raw.as_ptr() as usize + 1).is_multiple_of(4) {
             assert!(matches!(t.as_slice::<f32>(), Err(TensorError::Misaligned { .. })));
         }
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0; 4]);

@@ -398,7 +398,7 @@ async fn credit_overrun_and_oversized_frames_close_only_that_connection() {
     // The stream may be announced before its payload turns out short: the
     // error then reaches its reader instead.
     let e = match conn3.accept().await {
-        Ok(mut inc) => inc.recv.recv().await.err().expect("truncated payload must fail"),
+        Ok(mut inc) => inc.recv.recv().await.expect_err("truncated payload must fail"),
         Err(e) => e,
     };
     assert!(e.to_string().contains("middle of a"), "{e}");
@@ -426,4 +426,27 @@ async fn closing_fails_pending_calls_with_a_clear_error() {
         }
     );
     tokio::time::timeout(Duration::from_secs(5), p.client.closed()).await.unwrap();
+}
+
+#[tokio::test]
+async fn streams_opened_in_one_order_and_used_in_another_all_arrive() {
+    let p = pair("tcp", TransportConfig::default()).await;
+    let mut opened = Vec::new();
+    for _ in 0..20 {
+        opened.push(p.client.open(StreamKind::Call).await.unwrap());
+    }
+    // Use them last-opened first: ids are assigned at first send, so the
+    // peer never mistakes a stream for an old one.
+    for (i, (tx, _)) in opened.iter_mut().enumerate().rev() {
+        tx.send_last(Frame { header: chunk_header(0, 1), payload: Bytes::from(vec![i as u8]) }).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let mut inc = tokio::time::timeout(Duration::from_secs(5), p.server.accept()).await.expect("every stream arrives").unwrap();
+        let r = inc.recv.recv().await.unwrap().unwrap();
+        let Payload::Bytes(b) = r.payload else { panic!() };
+        seen.push(b[0]);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..20).collect::<Vec<u8>>());
 }

@@ -126,8 +126,8 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Value, DecodeError> {
             .iter()
             .find(|e| e.name.len() == prefix.len() + rel.len() && e.name.starts_with(&prefix) && e.name.ends_with(rel))
     };
-    if let Some(order) = record("byteorder") {
-        if order.data.as_ref() != b"little" {
+    if let Some(order) = record("byteorder")
+        && order.data.as_ref() != b"little" {
             return Err(DecodeError::Malformed {
                 format: "torch file",
                 reason: format!(
@@ -136,7 +136,6 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Value, DecodeError> {
                 ),
             });
         }
-    }
     let root = pickle::load(&pkl.data, limits)?;
     let mut storages: HashMap<String, Bytes> = HashMap::new();
     let mut count = 0usize;

@@ -545,7 +545,7 @@ impl Machine<'_> {
                     return Err(bad(format!("opcode {op:#04x} builds arbitrary objects and is not allowed")));
                 }
                 0x82..=0x84 => return Err(bad("extension registry opcodes are not allowed")),
-                0x8f | 0x90 | 0x91 => return Err(bad("sets are not used by torch.save")),
+                0x8f..=0x91 => return Err(bad("sets are not used by torch.save")),
                 0x97 | 0x98 => return Err(bad("out-of-band buffers are not supported")),
                 other => {
                     return Err(bad(format!("unknown opcode {other:#04x} at byte {}", self.pos - 1)));
@@ -674,11 +674,10 @@ impl Machine<'_> {
                 } else {
                     storage.dtype.ok_or_else(|| bad("_rebuild_tensor_v2 with an untyped storage"))?
                 };
-                if let Some(sd) = storage.dtype {
-                    if sd != dtype {
+                if let Some(sd) = storage.dtype
+                    && sd != dtype {
                         return Err(bad(format!("a {sd} storage rebuilt as {dtype}")));
                     }
-                }
                 let offset = self.uint(a[1], "storage offset")?;
                 let shape = self.uints(a[2], "tensor size")?;
                 let strides = self.uints(a[3], "tensor stride")?;
@@ -785,7 +784,7 @@ impl Machine<'_> {
 }
 
 fn pairs(items: Vec<usize>) -> Result<Vec<(usize, usize)>, DecodeError> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return Err(bad("odd number of items for a dict"));
     }
     Ok(items.chunks_exact(2).map(|c| (c[0], c[1])).collect())
@@ -907,12 +906,8 @@ mod tests {
     fn deep_nesting_and_sharing_blowups_are_bounded() {
         // 100k nested lists: depth limit.
         let mut p = vec![0x80, 2];
-        for _ in 0..100_000 {
-            p.push(b']');
-        }
-        for _ in 0..99_999 {
-            p.push(b'a');
-        }
+        p.extend(std::iter::repeat_n(b']', 100_000));
+        p.extend(std::iter::repeat_n(b'a', 99_999));
         p.push(b'.');
         assert!(matches!(load(&p, &limits()), Err(DecodeError::LimitExceeded { .. })));
         // Billion laughs: each level holds the previous one twice.

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,6 +47,9 @@ const READ_BUF: usize = 64 << 10;
 /// batch of small frames is one contiguous write.
 const INLINE_PAYLOAD: usize = 8 << 10;
 
+// Nearly every queued item is a frame; boxing frames to shrink the rare
+// control items would cost an allocation per frame.
+#[allow(clippy::large_enum_variant)]
 enum Out {
     Data { id: u32, header: Option<FrameHeader>, payload: Bytes, fin: bool },
     Window { id: u32, inc: u32 },
@@ -56,6 +59,7 @@ enum Out {
     Pong(u32),
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Event {
     Frame(Received, u64),
     Fin,
@@ -90,10 +94,18 @@ struct StreamInner {
 }
 
 struct StreamShared {
-    id: u32,
+    /// 0 until the stream's first frame is sent (locally opened streams get
+    /// their id then, so new ids reach the wire in increasing order).
+    id: AtomicU32,
     remote: bool,
     inner: Mutex<StreamInner>,
     send_notify: Notify,
+}
+
+impl StreamShared {
+    fn id(&self) -> u32 {
+        self.id.load(Ordering::Acquire)
+    }
 }
 
 struct ConnState {
@@ -169,7 +181,7 @@ impl Shared {
     fn new_stream(&self, id: u32, remote: bool) -> (Arc<StreamShared>, mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let s = Arc::new(StreamShared {
-            id,
+            id: AtomicU32::new(id),
             remote,
             inner: Mutex::new(StreamInner {
                 send: SendWindow::new(self.peer_window),
@@ -187,8 +199,12 @@ impl Shared {
     }
 
     fn forget(&self, s: &StreamShared) {
+        let id = s.id();
+        if id == 0 {
+            return;
+        }
         let mut st = lock(&self.state);
-        if st.streams.remove(&s.id).is_some() && s.remote {
+        if st.streams.remove(&id).is_some() && s.remote {
             st.remote_open -= 1;
         }
     }
@@ -338,18 +354,11 @@ impl Drop for MuxConnection {
 impl Connection for MuxConnection {
     async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
         let sh = &self.shared;
-        let mut st = lock(&sh.state);
-        if let Some(e) = &st.error {
+        if let Some(e) = &lock(&sh.state).error {
             return Err(e.clone());
         }
-        let id = st.next_id;
-        st.next_id = id.checked_add(2).ok_or_else(|| StreamError::Refused {
-            peer: sh.peer.clone(),
-            reason: "stream ids exhausted on this connection; reconnect".into(),
-        })?;
-        let (s, rx) = sh.new_stream(id, false);
-        st.streams.insert(id, s.clone());
-        drop(st);
+        // The id is assigned when the first frame is sent (see `MuxSend::enqueue`).
+        let (s, rx) = sh.new_stream(0, false);
         Ok((
             Box::new(MuxSend { shared: sh.clone(), stream: s.clone() }),
             Box::new(MuxRecv { shared: sh.clone(), stream: s, events: rx, done: false }),
@@ -432,9 +441,9 @@ impl MuxSend {
             {
                 let mut inner = lock(&s.inner);
                 match inner.send_half {
-                    SendHalf::Done => return Err(StreamError::Finished { peer: sh.peer.clone(), stream: s.id.into() }),
+                    SendHalf::Done => return Err(StreamError::Finished { peer: sh.peer.clone(), stream: s.id().into() }),
                     SendHalf::Stopped(code) => {
-                        return Err(StreamError::Stopped { peer: sh.peer.clone(), stream: s.id.into(), code });
+                        return Err(StreamError::Stopped { peer: sh.peer.clone(), stream: s.id().into(), code });
                     }
                     SendHalf::Open => {
                         if inner.send.try_consume(cost) {
@@ -448,9 +457,32 @@ impl MuxSend {
             }
             notified.await;
         }
-        sh.out
-            .send(Out::Data { id: s.id, header: Some(frame.header), payload: frame.payload, fin })
-            .map_err(|_| sh.error())
+        self.enqueue(Some(frame.header), frame.payload, fin)
+    }
+
+    /// Queues a DATA frame. A locally opened stream's first frame gets the
+    /// next id, assigned and queued under the connection lock: the peer
+    /// treats any id at or below the highest it has seen as an old stream,
+    /// so new ids must reach the wire in increasing order.
+    fn enqueue(&self, header: Option<FrameHeader>, payload: Bytes, fin: bool) -> Result<(), StreamError> {
+        let sh = &self.shared;
+        let s = &self.stream;
+        let id = s.id();
+        if id != 0 {
+            return sh.out.send(Out::Data { id, header, payload, fin }).map_err(|_| sh.error());
+        }
+        let mut st = lock(&sh.state);
+        if let Some(e) = &st.error {
+            return Err(e.clone());
+        }
+        let id = st.next_id;
+        st.next_id = id.checked_add(2).ok_or_else(|| StreamError::Refused {
+            peer: sh.peer.clone(),
+            reason: "stream ids exhausted on this connection; reconnect".into(),
+        })?;
+        s.id.store(id, Ordering::Release);
+        st.streams.insert(id, s.clone());
+        sh.out.send(Out::Data { id, header, payload, fin }).map_err(|_| sh.error())
     }
 }
 
@@ -471,9 +503,10 @@ impl SendStream for MuxSend {
             SendHalf::Open => {
                 inner.send_half = SendHalf::Done;
                 drop(inner);
-                sh.out
-                    .send(Out::Data { id: self.stream.id, header: None, payload: Bytes::new(), fin: true })
-                    .map_err(|_| sh.error())
+                if sh.closed.load(Ordering::Acquire) {
+                    return Err(sh.error());
+                }
+                self.enqueue(None, Bytes::new(), true)
             }
             // Finishing twice, or after the peer stopped reading, has nothing left to do.
             SendHalf::Done | SendHalf::Stopped(_) => Ok(()),
@@ -484,12 +517,16 @@ impl SendStream for MuxSend {
         let mut inner = lock(&self.stream.inner);
         if inner.send_half == SendHalf::Open {
             inner.send_half = SendHalf::Done;
-            let _ = self.shared.out.send(Out::Reset { id: self.stream.id, code });
+            // A stream that never sent a frame does not exist for the peer.
+            let id = self.stream.id();
+            if id != 0 {
+                let _ = self.shared.out.send(Out::Reset { id, code });
+            }
         }
     }
 
     fn id(&self) -> u64 {
-        self.stream.id.into()
+        self.stream.id().into()
     }
 }
 
@@ -523,7 +560,7 @@ impl MuxRecv {
         let inc = inner.recv.on_consume(cost);
         // No credit goes back once the peer finished: it will send nothing more.
         if let (Some(inc), RecvHalf::Open) = (inc, inner.recv_half) {
-            let _ = sh.out.send(Out::Window { id: self.stream.id, inc });
+            let _ = sh.out.send(Out::Window { id: self.stream.id(), inc });
         }
     }
 }
@@ -545,7 +582,7 @@ impl RecvStream for MuxRecv {
             }
             Some(Event::Reset(code)) => {
                 self.done = true;
-                Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id.into(), code })
+                Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code })
             }
             Some(Event::Error(e)) => Err(e),
             None => Err(self.shared.error()),
@@ -557,7 +594,7 @@ impl RecvStream for MuxRecv {
     }
 
     fn id(&self) -> u64 {
-        self.stream.id.into()
+        self.stream.id().into()
     }
 }
 
@@ -566,7 +603,10 @@ impl Drop for MuxRecv {
         let mut inner = lock(&self.stream.inner);
         if inner.recv_half == RecvHalf::Open {
             inner.recv_half = RecvHalf::Dropped;
-            let _ = self.shared.out.send(Out::Stop { id: self.stream.id, code: code::CANCELLED });
+            let id = self.stream.id();
+            if id != 0 {
+                let _ = self.shared.out.send(Out::Stop { id, code: code::CANCELLED });
+            }
         }
         inner.events = None;
         inner.placement = None;
@@ -913,11 +953,10 @@ async fn on_data<R: AsyncRead + Unpin>(
     {
         let mut inner = lock(&s.inner);
         if inner.recv_alive && inner.recv_half == RecvHalf::Open {
-            if let (Some(tx), Some(header)) = (&inner.events, header) {
-                if tx.send(Event::Frame(Received { header, payload }, cost)).is_ok() {
+            if let (Some(tx), Some(header)) = (&inner.events, header)
+                && tx.send(Event::Frame(Received { header, payload }, cost)).is_ok() {
                     shared.buffered.fetch_add(cost, Ordering::AcqRel);
                 }
-            }
             if head.fin() {
                 inner.recv_half = RecvHalf::Fin;
                 if let Some(tx) = &inner.events {

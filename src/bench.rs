@@ -1,0 +1,185 @@
+//! Measurement helpers shared by `tensorwire bench` and the criterion
+//! benches: raw-socket baselines and tensorwire runs in the same process, so
+//! every figure comes with its ratio to the baseline measured alongside.
+//!
+//! The raw baselines are the least a transport could do: one thread writes
+//! a buffer into a plain socket in 1 MiB writes, another reads it into a
+//! freshly allocated buffer (as a receiver of a new tensor must), or
+//! ping-pongs a small message for latency.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tensorwire_codecs::{DType, Tensor};
+
+use crate::builtins::random_tensor;
+use crate::{Client, Histogram};
+
+/// Which raw socket a baseline uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawSocket {
+    /// TCP over 127.0.0.1 with TCP_NODELAY.
+    Tcp,
+    /// A Unix stream socket.
+    Unix,
+}
+
+trait Duplex: Read + Write + Send + 'static {}
+impl Duplex for TcpStream {}
+impl Duplex for UnixStream {}
+
+/// Removes a socket file when dropped.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn pair(kind: RawSocket) -> std::io::Result<(Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>)> {
+    match kind {
+        RawSocket::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let a = TcpStream::connect(l.local_addr()?)?;
+            let (b, _) = l.accept()?;
+            a.set_nodelay(true)?;
+            b.set_nodelay(true)?;
+            Ok((Box::new(a), Box::new(b), None))
+        }
+        RawSocket::Unix => {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "tensorwire-raw-{}-{}.sock",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let guard = SocketFile(p.clone());
+            let l = UnixListener::bind(&p)?;
+            let a = UnixStream::connect(&p)?;
+            let (b, _) = l.accept()?;
+            Ok((Box::new(a), Box::new(b), Some(guard)))
+        }
+    }
+}
+
+/// Copies `bytes` through a raw socket `reps` times; returns the mean time
+/// per copy (connection setup excluded; the receive buffer is allocated per copy).
+pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<Duration> {
+    let (mut tx, mut rx, _dir) = pair(kind)?;
+    let src = vec![7u8; bytes.min(1 << 20)];
+    let reader = std::thread::spawn(move || -> std::io::Result<Duration> {
+        let mut total = Duration::ZERO;
+        let mut ack = [0u8; 1];
+        for _ in 0..reps {
+            let mut dst = vec![0u8; bytes];
+            let mut got = 0;
+            let t = Instant::now();
+            while got < bytes {
+                let n = rx.read(&mut dst[got..])?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                got += n;
+            }
+            total += t.elapsed();
+            std::hint::black_box(&dst);
+            ack[0] = 1;
+            rx.write_all(&ack)?;
+        }
+        Ok(total / reps.max(1) as u32)
+    });
+    let mut ack = [0u8; 1];
+    for _ in 0..reps {
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(src.len());
+            tx.write_all(&src[..n])?;
+            left -= n;
+        }
+        tx.read_exact(&mut ack)?;
+    }
+    reader.join().map_err(|_| std::io::Error::other("reader thread panicked"))?
+}
+
+/// Round trips of a `size`-byte message through a raw socket (echoed by a
+/// second thread); returns the latency histogram.
+pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Result<Histogram> {
+    let (mut a, mut b, _dir) = pair(kind)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; size];
+        for _ in 0..reps {
+            b.read_exact(&mut buf)?;
+            b.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let msg = vec![1u8; size];
+    let mut back = vec![0u8; size];
+    let mut h = Histogram::default();
+    for _ in 0..reps {
+        let t = Instant::now();
+        a.write_all(&msg)?;
+        a.read_exact(&mut back)?;
+        h.record(t.elapsed());
+    }
+    echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
+    Ok(h)
+}
+
+/// Mean time to `send` one tensor of `bytes` to the server behind `client`.
+pub async fn send_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, crate::CallError> {
+    let t = random_tensor(DType::UInt8, &[bytes], 1).map_err(crate::CallError::Remote)?;
+    client.send(vec![t.clone()]).await?; // warm up (connection, allocator)
+    let start = Instant::now();
+    for _ in 0..reps {
+        client.send(vec![t.clone()]).await?;
+    }
+    Ok(start.elapsed() / reps.max(1) as u32)
+}
+
+/// Round trips of `identity` on a `size`-byte tensor, one at a time.
+pub async fn call_round_trips(client: &Client, size: usize, reps: usize) -> Result<Histogram, crate::CallError> {
+    let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| crate::CallError::InvalidArgument(e.to_string()))?;
+    for _ in 0..100.min(reps) {
+        client.compute("identity", vec![t.clone()]).await?;
+    }
+    let mut h = Histogram::default();
+    for _ in 0..reps {
+        let s = Instant::now();
+        client.compute("identity", vec![t.clone()]).await?;
+        h.record(s.elapsed());
+    }
+    Ok(h)
+}
+
+/// Calls per second of `identity` on `size`-byte tensors with `in_flight`
+/// calls outstanding on one connection, for `total` calls.
+pub async fn calls_per_second(client: &Client, size: usize, in_flight: usize, total: usize) -> Result<f64, crate::CallError> {
+    let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| crate::CallError::InvalidArgument(e.to_string()))?;
+    let left = Arc::new(AtomicU64::new(total as u64));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
+        let (c, t, left) = (client.clone(), t.clone(), left.clone());
+        tasks.push(tokio::spawn(async move {
+            while left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+                c.compute("identity", vec![t.clone()]).await?;
+            }
+            Ok::<_, crate::CallError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| crate::CallError::InvalidArgument(format!("bench task failed: {e}")))??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// GiB per second for `bytes` moved in `d`.
+pub fn gib_per_s(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64 / d.as_secs_f64().max(1e-12)
+}
