@@ -4,6 +4,17 @@ use std::{env, fs, path::PathBuf};
 
 use prost::Message as _;
 
+/// Large messages boxed inside `FrameHeader`, so a header stays small (it
+/// is moved through channels and held in futures for every frame); chunks,
+/// by far the most frequent frame, stay inline.
+const BOXED: &[&str] = &[
+    ".tensorwire.v1.FrameHeader.kind.hello",
+    ".tensorwire.v1.FrameHeader.kind.welcome",
+    ".tensorwire.v1.FrameHeader.kind.request",
+    ".tensorwire.v1.FrameHeader.kind.reply",
+    ".tensorwire.v1.Chunk.info",
+];
+
 const PROTOS: &[&str] = &["tensorwire/v1/wire.proto", "tensorwire/v1/service.proto", "skytorch/torch/service.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,16 +26,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Kept for gRPC server reflection (grpcurl list/describe).
     fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;
 
-    if env::var_os("CARGO_FEATURE_GRPC").is_some() {
-        #[cfg(feature = "grpc")]
-        tonic_prost_build::configure()
-            .bytes(".")
-            .build_client(true)
-            .build_server(true)
-            .build_transport(false)
-            .compile_fds(fds)?;
-    } else {
-        prost_build::Config::new().bytes(["."]).compile_fds(fds)?;
+    #[cfg(feature = "grpc")]
+    {
+        let mut b = tonic_prost_build::configure();
+        for p in BOXED {
+            b = b.boxed(p);
+        }
+        b.bytes(".").build_client(true).build_server(true).build_transport(false).compile_fds(fds)?;
+    }
+    #[cfg(not(feature = "grpc"))]
+    {
+        let mut c = prost_build::Config::new();
+        for p in BOXED {
+            c.boxed(p);
+        }
+        c.bytes(["."]).compile_fds(fds)?;
     }
     Ok(())
 }

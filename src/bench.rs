@@ -6,6 +6,10 @@
 //! a buffer into a plain socket in 1 MiB writes, another reads it into a
 //! freshly allocated buffer (as a receiver of a new tensor must), or
 //! ping-pongs a small message for latency.
+//!
+//! The tensorwire side runs like a deployment: the server on its own thread
+//! and runtime ([`ServerThread`]), the client on another, as two processes
+//! (or the raw baseline's two threads) would.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -159,7 +163,12 @@ pub async fn call_round_trips(client: &Client, size: usize, reps: usize) -> Resu
 
 /// Calls per second of `identity` on `size`-byte tensors with `in_flight`
 /// calls outstanding on one connection, for `total` calls.
-pub async fn calls_per_second(client: &Client, size: usize, in_flight: usize, total: usize) -> Result<f64, crate::CallError> {
+pub async fn calls_per_second(
+    client: &Client,
+    size: usize,
+    in_flight: usize,
+    total: usize,
+) -> Result<f64, crate::CallError> {
     let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| crate::CallError::InvalidArgument(e.to_string()))?;
     let left = Arc::new(AtomicU64::new(total as u64));
     let start = Instant::now();
@@ -177,6 +186,74 @@ pub async fn calls_per_second(client: &Client, size: usize, in_flight: usize, to
         task.await.map_err(|e| crate::CallError::InvalidArgument(format!("bench task failed: {e}")))??;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A server running on its own thread and runtime, stopped when dropped.
+pub struct ServerThread {
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerThread {
+    /// Builds a server with `build` (on the server's runtime) and starts it
+    /// on `url`, with `workers` runtime threads.
+    pub fn start(
+        url: &str,
+        workers: usize,
+        build: impl FnOnce() -> crate::ServerBuilder + Send + 'static,
+    ) -> Result<ServerThread, crate::ServeError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = url.to_string();
+        let join = std::thread::Builder::new()
+            .name("tensorwire-bench-server".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(workers.max(1))
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx
+                            .send(Err(crate::ServeError::Listen(crate::ListenError::Io { endpoint: url, source: e })));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match build().build().start([url]).await {
+                        Ok(server) => {
+                            let _ = ready_tx.send(Ok(server.url()));
+                            let _ = stop_rx.await;
+                            server.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| crate::ServeError::Listen(crate::ListenError::Io { endpoint: "thread".into(), source: e }))?;
+        let url = ready_rx.recv().map_err(|_| crate::ServeError::NoListeners)??;
+        Ok(ServerThread { url, stop: Some(stop_tx), join: Some(join) })
+    }
+
+    /// The URL clients connect to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
 }
 
 /// GiB per second for `bytes` moved in `d`.

@@ -82,7 +82,7 @@ impl Chunker {
             compression: v1::Compression::None as i32,
             shuffle: 0,
             raw_len: payload.len() as u64,
-            info: self.info.take(),
+            info: self.info.take().map(Box::new),
             crc32c: if last { self.crc32c } else { None },
         };
         self.index += 1;
@@ -244,7 +244,7 @@ impl Reassembler {
             if usize::try_from(c.total_bytes).is_err() {
                 return Err(ChunkError::Protocol(format!("tensor of {} bytes does not fit in memory", c.total_bytes)));
             }
-            self.info = Some(info.clone());
+            self.info = Some((**info).clone());
             self.crc32c = None;
             self.current =
                 Some(Partial { tensor_id: c.tensor_id, total: c.total_bytes, next_index: 0, next_offset: 0 });

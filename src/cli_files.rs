@@ -67,7 +67,9 @@ pub fn write_tensors(path: &Path, named: &[(String, Tensor)]) -> Result<(), BoxE
         let archive = path.file_stem().and_then(|s| s.to_str()).unwrap_or("archive").to_string();
         torch::save(&value, &SaveOptions { archive_name: archive, ..SaveOptions::default() })?
     };
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?);
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+    );
     for s in segments {
         std::io::Write::write_all(&mut f, &s)?;
     }

@@ -18,7 +18,7 @@ use crate::function::Output;
 use crate::info::{FunctionInfo, ServiceInfo};
 use crate::service::{FetchRequest, SendSummary};
 use crate::stats::{ClientStats, Statistics};
-use crate::stream::{FrameReader, FrameWriter, Item, LinkEstimator, PeerCaps, TensorStream};
+use crate::stream::{FrameReader, FrameWriter, Item, LinkEstimator, PeerCaps, SharedCaps, TensorStream};
 use crate::tasks::TaskState;
 use crate::value::{Args, Value};
 use crate::wire::{codec_to_wire, compression_to_wire};
@@ -53,7 +53,7 @@ impl CallOptions {
 pub(crate) struct ClientSession {
     conn: Arc<dyn Connection>,
     info: ConnectionInfo,
-    caps: PeerCaps,
+    caps: SharedCaps,
     welcome: v1::Welcome,
     link: Arc<LinkEstimator>,
 }
@@ -186,7 +186,7 @@ impl Client {
             agent: format!("tensorwire/{VERSION}"),
             host_id: crate::host_id(),
         };
-        let frame = tensorwire_transports::Frame::header_only(v1::FrameHeader::new(Kind::Hello(hello)));
+        let frame = tensorwire_transports::Frame::header_only(v1::FrameHeader::new(Kind::Hello(Box::new(hello))));
         tx.send_last(frame).await.map_err(|e| proto(e.to_string()))?;
         let mut r = FrameReader::new(rx, info.peer.clone(), cfg.limits.clone(), false);
         let welcome = match tokio::time::timeout(cfg.transport.connect_timeout, r.next()).await {
@@ -194,7 +194,7 @@ impl Client {
                 return Err(ConnectError::Timeout { endpoint: ep.to_string(), after: cfg.transport.connect_timeout });
             }
             Ok(Ok(Item::Control(h))) => match h.kind {
-                Some(Kind::Welcome(w)) => w,
+                Some(Kind::Welcome(w)) => *w,
                 Some(Kind::Error(e)) => {
                     return Err(proto(format!("the server refused the handshake: {}", Status::from_wire(&e))));
                 }
@@ -209,11 +209,11 @@ impl Client {
                 welcome.version
             )));
         }
-        let caps = PeerCaps {
+        let caps = Arc::new(PeerCaps {
             limits: welcome.limits,
             codecs: Some(welcome.codecs.clone()),
             compressions: Some(welcome.compressions.clone()),
-        };
+        });
         Ok(ClientSession { conn, info, caps, welcome, link: Arc::new(LinkEstimator::default()) })
     }
 
@@ -319,14 +319,11 @@ impl Client {
         self.run(opts, move |s, sent, started| {
             Box::pin(async move {
                 let (mut w, mut r) = self.open(&s, StreamKind::Send, opts).await?;
-                w.control(Kind::Request(self.request(Method::Send, opts, started))).await?;
+                w.control(Kind::Request(Box::new(self.request(Method::Send, opts, started))));
                 sent.set();
-                for t in tensors {
-                    if let Err(e) = w.send_tensor(t).await {
-                        return Err(explain(e, &mut r).await);
-                    }
+                if let Err(e) = send_all(&mut w, tensors).await {
+                    return Err(explain(e, &mut r).await);
                 }
-                w.finish().await?;
                 let (_, reply) = read_outputs(&mut r).await?;
                 self.count(&w, &r);
                 Ok((
@@ -345,10 +342,10 @@ impl Client {
         let started = Instant::now();
         let s = self.session().await?;
         let (mut w, mut r) = self.open(&s, StreamKind::Send, &opts).await?;
-        w.control(Kind::Request(self.request(Method::Send, &opts, started))).await?;
+        w.control(Kind::Request(Box::new(self.request(Method::Send, &opts, started))));
         let mut tensors = std::pin::pin!(tensors);
         while let Some(t) = tensors.next().await {
-            if let Err(e) = w.send_tensor(&t).await {
+            if let Err(e) = w.send_tensor(&t, false).await {
                 return Err(explain(e, &mut r).await);
             }
         }
@@ -366,7 +363,7 @@ impl Client {
         let (mut w, r) = self.open(&s, StreamKind::Fetch, &opts).await?;
         let mut req = self.request(Method::Fetch, &opts, Instant::now());
         req.params = request.params.into_iter().collect();
-        w.control_last(Kind::Request(req)).await?;
+        w.control_last(Kind::Request(Box::new(req))).await?;
         Ok(TensorStream::new(r, true))
     }
 
@@ -380,7 +377,7 @@ impl Client {
                 let (mut w, mut r) = self.open(&s, StreamKind::Fetch, opts).await?;
                 let mut req = self.request(Method::Fetch, opts, started);
                 req.params = request.params.clone().into_iter().collect();
-                w.control_last(Kind::Request(req)).await?;
+                w.control_last(Kind::Request(Box::new(req))).await?;
                 sent.set();
                 let (out, _) = read_outputs(&mut r).await?;
                 self.count(&w, &r);
@@ -411,11 +408,12 @@ impl Client {
         let opts = CallOptions::default();
         let s = self.session().await?;
         let (mut w, r) = self.open(&s, StreamKind::Exchange, &opts).await?;
-        w.control(Kind::Request(self.request(Method::Exchange, &opts, Instant::now()))).await?;
+        w.control(Kind::Request(Box::new(self.request(Method::Exchange, &opts, Instant::now()))));
         let sender = tokio::spawn(async move {
             let mut inputs = std::pin::pin!(inputs);
+            w.flush(false).await?;
             while let Some(t) = inputs.next().await {
-                w.send_tensor(&t).await?;
+                w.send_tensor(&t, false).await?;
             }
             w.finish().await
         });
@@ -452,14 +450,11 @@ impl Client {
                 let mut req = self.request(Method::Call, opts, started);
                 req.function = function.to_string();
                 req.args = args.to_wire();
-                w.control(Kind::Request(req)).await?;
+                w.control(Kind::Request(Box::new(req)));
                 sent.set();
-                for t in inputs {
-                    if let Err(e) = w.send_tensor(t).await {
-                        return Err(explain(e, &mut r).await);
-                    }
+                if let Err(e) = send_all(&mut w, inputs).await {
+                    return Err(explain(e, &mut r).await);
                 }
-                w.finish().await?;
                 let (tensors, reply) = read_outputs(&mut r).await?;
                 self.count(&w, &r);
                 let values = reply.values.as_ref().map(Value::from_wire).unwrap_or_default();
@@ -484,7 +479,7 @@ impl Client {
                 let (mut w, mut r) = self.open(&s, StreamKind::Call, opts).await?;
                 let mut req = self.request(method, opts, started);
                 fill(&mut req);
-                w.control_last(Kind::Request(req)).await?;
+                w.control_last(Kind::Request(Box::new(req))).await?;
                 sent.set();
                 let out = read_outputs(&mut r).await?;
                 self.count(&w, &r);
@@ -504,14 +499,11 @@ impl Client {
                 let mut req = self.request(Method::Submit, opts, started);
                 req.function = function.to_string();
                 req.args = args.to_wire();
-                w.control(Kind::Request(req)).await?;
+                w.control(Kind::Request(Box::new(req)));
                 sent.set();
-                for t in inputs {
-                    if let Err(e) = w.send_tensor(t).await {
-                        return Err(explain(e, &mut r).await);
-                    }
+                if let Err(e) = send_all(&mut w, inputs).await {
+                    return Err(explain(e, &mut r).await);
                 }
-                w.finish().await?;
                 let (_, reply) = read_outputs(&mut r).await?;
                 let id = reply.task.map(|t| t.task_id).filter(|id| !id.is_empty());
                 Ok((
@@ -587,6 +579,14 @@ fn task_state(t: Option<&v1::TaskStatus>) -> Result<TaskState, CallError> {
     })
 }
 
+/// Sends every tensor, then ends the stream; a small call leaves in one write.
+async fn send_all(w: &mut FrameWriter, tensors: &[Tensor]) -> Result<(), CallError> {
+    for t in tensors {
+        w.send_tensor(t, true).await?;
+    }
+    w.finish().await
+}
+
 /// Whether a failed attempt may run again: only when the request cannot
 /// have been processed, or the caller said running twice is fine.
 fn retriable(e: &CallError, sent: bool, idempotent: bool) -> bool {
@@ -622,7 +622,7 @@ async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, v1::Reply), C
             Item::Control(h) => match h.kind {
                 Some(Kind::Reply(reply)) => {
                     return match r.next().await? {
-                        Item::End => Ok((out, reply)),
+                        Item::End => Ok((out, *reply)),
                         _ => Err(r.protocol("frames after the reply")),
                     };
                 }

@@ -32,8 +32,8 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let mut input = TensorStream::new(reader, false);
     let req = match input.reader_mut().next().await {
         Ok(Item::Control(h)) => match h.kind {
-            Some(Kind::Hello(hello)) => return handshake(&inner, &sess, hello, &mut writer).await,
-            Some(Kind::Request(r)) => r,
+            Some(Kind::Hello(hello)) => return handshake(&inner, &sess, *hello, &mut writer).await,
+            Some(Kind::Request(r)) => *r,
             _ => {
                 let msg = format!("a call must start with a request, got a {} frame", h.kind_name());
                 return fail(&mut writer, Status::protocol(msg)).await;
@@ -86,7 +86,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     inner.stats.bytes_sent.fetch_add(writer.bytes_sent, Ordering::Relaxed);
     match result {
         Ok(reply) => {
-            if let Err(e) = writer.control_last(Kind::Reply(reply)).await {
+            if let Err(e) = writer.control_last(Kind::Reply(Box::new(reply))).await {
                 tracing::debug!(peer = %sess.info.peer, error = %e, "reply not delivered");
             }
         }
@@ -124,14 +124,15 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         return fail(writer, s).await;
     }
     if let Some(token) = &inner.config.auth_token
-        && !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes()) {
-            return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
-        }
-    *sess.caps.lock().unwrap_or_else(|e| e.into_inner()) = PeerCaps {
+        && !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes())
+    {
+        return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
+    }
+    *sess.caps.lock().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(PeerCaps {
         limits: hello.limits,
         codecs: Some(hello.codecs.clone()),
         compressions: Some(hello.compressions.clone()),
-    };
+    });
     sess.handshaken.store(true, Ordering::Release);
     let welcome = v1::Welcome {
         version: PROTOCOL_VERSION,
@@ -143,7 +144,7 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         host_id: crate::host_id(),
         service_name: inner.config.service_name.clone(),
     };
-    let _ = writer.control_last(Kind::Welcome(welcome)).await;
+    let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -220,7 +221,7 @@ async fn run_method(
             let out = f.run(call).await?;
             let server_time_us = started.elapsed().as_micros() as u64;
             for t in &out.tensors {
-                writer.send_tensor(t).await.map_err(Status::from)?;
+                writer.send_tensor(t, true).await.map_err(Status::from)?;
             }
             Ok(v1::Reply { values: Some(out.values.to_wire()), server_time_us, ..Default::default() })
         }
@@ -231,7 +232,7 @@ async fn run_method(
         Method::TaskResult => {
             let out = inner.tasks.result(&req.task_id, Duration::from_millis(req.wait_ms)).await?;
             for t in &out.tensors {
-                writer.send_tensor(t).await.map_err(Status::from)?;
+                writer.send_tensor(t, true).await.map_err(Status::from)?;
             }
             Ok(v1::Reply {
                 values: Some(out.values.to_wire()),

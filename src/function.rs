@@ -98,13 +98,10 @@ impl TensorSpec {
     /// Checks a tensor; the error names the argument and what differs.
     pub fn check(&self, t: &Tensor) -> Result<(), Status> {
         if let Some(d) = self.dtype
-            && t.dtype() != d {
-                return Err(Status::invalid_argument(format!(
-                    "argument {:?} must be {d}, got {}",
-                    self.name,
-                    t.dtype()
-                )));
-            }
+            && t.dtype() != d
+        {
+            return Err(Status::invalid_argument(format!("argument {:?} must be {d}, got {}", self.name, t.dtype())));
+        }
         if let Some(shape) = &self.shape {
             let ok = shape.len() == t.dim()
                 && shape.iter().zip(t.shape()).all(|(&want, &got)| want < 0 || want as usize == got);

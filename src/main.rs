@@ -12,7 +12,8 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use tensorwire::builtins::{builtin_functions, random_tensor};
 use tensorwire::store::{StoreService, parse_shape};
 use tensorwire::{
-    Args, Client, ClientConfig, CodecKind, CompressionMode, DType, Encoding, Server, ServerConfig, Tensor, TransportConfig,
+    Args, Client, ClientConfig, CodecKind, CompressionMode, DType, Encoding, Server, ServerConfig, Tensor,
+    TransportConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -188,6 +189,16 @@ struct CallArgs {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level);
+    if let Command::Bench(a) = cli.command {
+        // The bench runs its own runtimes (server and client apart, as two processes).
+        return match cli_bench::run(a) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -205,7 +216,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
@@ -234,7 +246,7 @@ async fn run(cmd: Command) -> Result<std::process::ExitCode, BoxError> {
             }
             Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Bench(a) => cli_bench::run(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Bench(_) => unreachable!("handled in main"),
     }
 }
 
@@ -262,7 +274,11 @@ fn encoding(e: &EncodingArgs) -> Result<Encoding, BoxError> {
     })
 }
 
-async fn client(a: &ConnArgs, enc: Option<&EncodingArgs>, progress: Option<Arc<AtomicU64>>) -> Result<Client, BoxError> {
+async fn client(
+    a: &ConnArgs,
+    enc: Option<&EncodingArgs>,
+    progress: Option<Arc<AtomicU64>>,
+) -> Result<Client, BoxError> {
     let cfg = ClientConfig {
         transport: transport_config(a),
         encoding: match enc {
@@ -353,7 +369,8 @@ fn progress_bar(total: u64) -> (Option<Arc<AtomicU64>>, Option<tokio::task::Join
 fn report(json: bool, what: &str, bytes: u64, secs: f64, crc: u32, extra: serde_json::Value) {
     let gib = bytes as f64 / (1u64 << 30) as f64 / secs.max(1e-9);
     if json {
-        let mut v = serde_json::json!({ "bytes": bytes, "seconds": secs, "gib_per_s": gib, "crc32c": format!("{crc:08x}") });
+        let mut v =
+            serde_json::json!({ "bytes": bytes, "seconds": secs, "gib_per_s": gib, "crc32c": format!("{crc:08x}") });
         if let (Some(o), serde_json::Value::Object(x)) = (v.as_object_mut(), extra) {
             o.extend(x);
         }
@@ -392,7 +409,14 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
     }
     let names: Vec<&str> = tensors.iter().filter_map(Tensor::name).collect();
     let message = summary.map(|s| s.message).unwrap_or_default();
-    report(a.conn.json, "sent", total, secs, crc, serde_json::json!({ "tensors": tensors.len() as u64 * a.count, "names": names, "server": message }));
+    report(
+        a.conn.json,
+        "sent",
+        total,
+        secs,
+        crc,
+        serde_json::json!({ "tensors": tensors.len() as u64 * a.count, "names": names, "server": message }),
+    );
     Ok(())
 }
 
@@ -427,7 +451,8 @@ async fn call(a: CallArgs) -> Result<(), BoxError> {
     let out = c.call_with(&a.function, inputs, args, &opts).await?;
     let secs = start.elapsed().as_secs_f64();
     if let Some(path) = &a.out {
-        let named: Vec<(String, Tensor)> = out.tensors.iter().enumerate().map(|(i, t)| (i.to_string(), t.clone())).collect();
+        let named: Vec<(String, Tensor)> =
+            out.tensors.iter().enumerate().map(|(i, t)| (i.to_string(), t.clone())).collect();
         cli_files::write_tensors(path, &named)?;
     }
     if a.conn.json {
@@ -454,7 +479,10 @@ async fn info(a: ConnArgs) -> Result<(), BoxError> {
     let i = c.service_info().await?;
     let functions = c.list_functions().await?;
     if a.json {
-        let fs: Vec<_> = functions.iter().map(|f| serde_json::json!({ "name": f.name, "doc": f.doc, "batch": f.batch.map(|b| b.0) })).collect();
+        let fs: Vec<_> = functions
+            .iter()
+            .map(|f| serde_json::json!({ "name": f.name, "doc": f.doc, "batch": f.batch.map(|b| b.0) }))
+            .collect();
         println!(
             "{}",
             serde_json::json!({
@@ -467,8 +495,16 @@ async fn info(a: ConnArgs) -> Result<(), BoxError> {
     } else {
         println!("{} (tensorwire {}), up {:.0} s", i.service_name, i.version, i.uptime.as_secs_f64());
         println!("transports: {}", i.transports.join(", "));
-        println!("codecs: {}; compressions: {}; devices: {}", i.codecs.join(", "), i.compressions.join(", "), i.devices.join(", "));
-        println!("calls: {} ({} failed, {} active); bytes in {} out {}", i.calls, i.failures, i.active_calls, i.bytes_received, i.bytes_sent);
+        println!(
+            "codecs: {}; compressions: {}; devices: {}",
+            i.codecs.join(", "),
+            i.compressions.join(", "),
+            i.devices.join(", ")
+        );
+        println!(
+            "calls: {} ({} failed, {} active); bytes in {} out {}",
+            i.calls, i.failures, i.active_calls, i.bytes_received, i.bytes_sent
+        );
         for f in functions {
             let stats = i.functions.iter().find(|s| s.name == f.name);
             println!(

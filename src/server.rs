@@ -19,7 +19,7 @@ use crate::function::{Function, Output, Registry};
 use crate::info::{FunctionStatistics, ServiceInfo};
 use crate::service::{Cancellation, EchoService, TensorService};
 use crate::stats::ServerStats;
-use crate::stream::{LinkEstimator, PeerCaps};
+use crate::stream::{LinkEstimator, SharedCaps};
 use crate::tasks::{TaskConfig, TaskManager};
 use crate::{ServerConfig, VERSION};
 
@@ -326,12 +326,12 @@ async fn accept_loop(inner: Arc<ServerInner>, mut listener: Box<dyn Listener>) {
 pub(crate) struct Session {
     pub(crate) info: ConnectionInfo,
     pub(crate) handshaken: AtomicBool,
-    pub(crate) caps: Mutex<PeerCaps>,
+    pub(crate) caps: Mutex<SharedCaps>,
     pub(crate) link: Arc<LinkEstimator>,
 }
 
 impl Session {
-    pub(crate) fn caps(&self) -> PeerCaps {
+    pub(crate) fn caps(&self) -> SharedCaps {
         self.caps.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
@@ -343,7 +343,7 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
     let session = Arc::new(Session {
         info: info.clone(),
         handshaken: AtomicBool::new(info.stateless),
-        caps: Mutex::new(PeerCaps::default()),
+        caps: Mutex::new(SharedCaps::default()),
         link: Arc::new(LinkEstimator::default()),
     });
     if !info.stateless {

@@ -44,7 +44,11 @@ impl LinkEstimator {
     }
 }
 
-/// What the peer accepts, from the handshake (None: unknown, send what is configured).
+/// What the peer accepts, from the handshake (None: unknown, send what is
+/// configured). Shared by every call of a connection.
+pub(crate) type SharedCaps = std::sync::Arc<PeerCaps>;
+
+/// See [`SharedCaps`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PeerCaps {
     pub(crate) limits: Option<v1::Limits>,
@@ -56,7 +60,7 @@ pub(crate) struct PeerCaps {
 pub(crate) struct FrameWriter {
     send: Box<dyn SendStream>,
     pub(crate) encoding: Encoding,
-    caps: PeerCaps,
+    caps: SharedCaps,
     max_frame_payload: u64,
     next_tensor_id: u64,
     compressor: Compressor,
@@ -64,13 +68,17 @@ pub(crate) struct FrameWriter {
     pub(crate) bytes_sent: u64,
     pub(crate) tensors_sent: u64,
     pub(crate) progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// Small frames held back to go out together with the next ones (a
+    /// small call is then one write on each side).
+    pending: Vec<Frame>,
+    pending_bytes: usize,
 }
 
 impl FrameWriter {
     pub(crate) fn new(
         send: Box<dyn SendStream>,
         encoding: Encoding,
-        caps: PeerCaps,
+        caps: SharedCaps,
         max_frame_payload: u64,
         link: Option<std::sync::Arc<LinkEstimator>>,
     ) -> Self {
@@ -85,26 +93,49 @@ impl FrameWriter {
             bytes_sent: 0,
             tensors_sent: 0,
             progress: None,
+            pending: Vec::new(),
+            pending_bytes: 0,
         }
     }
 
-    pub(crate) async fn control(&mut self, kind: Kind) -> Result<(), CallError> {
-        Ok(self.send.send(Frame::header_only(FrameHeader::new(kind))).await?)
+    /// Queues a control frame; it leaves with the next frames sent.
+    pub(crate) fn control(&mut self, kind: Kind) {
+        self.hold(Frame::header_only(FrameHeader::new(kind)));
     }
 
+    /// Sends a control frame (and anything held) and ends the stream.
     pub(crate) async fn control_last(&mut self, kind: Kind) -> Result<(), CallError> {
-        Ok(self.send.send_last(Frame::header_only(FrameHeader::new(kind))).await?)
+        self.hold(Frame::header_only(FrameHeader::new(kind)));
+        self.flush(true).await
     }
 
+    /// Sends anything held and ends the stream.
     pub(crate) async fn finish(&mut self) -> Result<(), CallError> {
-        Ok(self.send.finish().await?)
+        self.flush(true).await
+    }
+
+    fn hold(&mut self, f: Frame) {
+        self.pending_bytes += f.payload.len();
+        self.pending.push(f);
+    }
+
+    /// Sends what is held (and with `fin`, ends the stream).
+    pub(crate) async fn flush(&mut self, fin: bool) -> Result<(), CallError> {
+        let frames = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        if frames.is_empty() {
+            return if fin { Ok(self.send.finish().await?) } else { Ok(()) };
+        }
+        Ok(self.send.send_batch(frames, fin).await?)
     }
 
     fn check_codec(&self, codec: CodecKind) -> Result<(), CallError> {
         if let Some(accepted) = &self.caps.codecs
-            && !accepted.is_empty() && !accepted.contains(&(codec_to_wire(codec) as i32)) {
-                return Err(CallError::Unsupported(format!("the peer does not accept the {codec} codec")));
-            }
+            && !accepted.is_empty()
+            && !accepted.contains(&(codec_to_wire(codec) as i32))
+        {
+            return Err(CallError::Unsupported(format!("the peer does not accept the {codec} codec")));
+        }
         Ok(())
     }
 
@@ -115,8 +146,10 @@ impl FrameWriter {
         }
     }
 
-    /// Encodes, chunks, compresses and sends one tensor; returns payload bytes sent.
-    pub(crate) async fn send_tensor(&mut self, t: &Tensor) -> Result<u64, CallError> {
+    /// Encodes, chunks, compresses and sends one tensor; returns payload
+    /// bytes sent. With `hold_last`, a small final chunk waits to leave with
+    /// whatever is sent next (the caller sends or finishes right after).
+    pub(crate) async fn send_tensor(&mut self, t: &Tensor, hold_last: bool) -> Result<u64, CallError> {
         if t.device() != Device::Cpu {
             return Err(CallError::Unsupported(format!(
                 "a tensor on {} must be staged through host memory first (Client::send_device / the cuda feature)",
@@ -129,13 +162,15 @@ impl FrameWriter {
         let encoded = codec.encode(t)?;
         let total = encoded.len();
         if let Some(l) = &self.caps.limits
-            && l.max_tensor_bytes > 0 && total > l.max_tensor_bytes {
-                return Err(CallError::Limit {
-                    what: "tensor (the peer's max_tensor_bytes)",
-                    size: total,
-                    limit: l.max_tensor_bytes,
-                });
-            }
+            && l.max_tensor_bytes > 0
+            && total > l.max_tensor_bytes
+        {
+            return Err(CallError::Limit {
+                what: "tensor (the peer's max_tensor_bytes)",
+                size: total,
+                limit: l.max_tensor_bytes,
+            });
+        }
         let info = info_to_wire(&encoded.info, codec_kind);
         let crc =
             self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
@@ -154,15 +189,21 @@ impl FrameWriter {
         let started = Instant::now();
         let mut wire_bytes = 0u64;
         while let Some((mut c, mut payload)) = chunker.next_chunk() {
-            if compression != Compression::None && payload.len() >= 512
-                && let Some(z) = self.compressor.compress(compression, shuffle, &payload)? {
-                    c.compression = compression_to_wire(compression) as i32;
-                    c.shuffle = shuffle;
-                    payload = Bytes::from(z);
-                }
+            if compression != Compression::None
+                && payload.len() >= 512
+                && let Some(z) = self.compressor.compress(compression, shuffle, &payload)?
+            {
+                c.compression = compression_to_wire(compression) as i32;
+                c.shuffle = shuffle;
+                payload = Bytes::from(z);
+            }
             wire_bytes += payload.len() as u64;
             let raw_len = c.raw_len;
-            self.send.send(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload }).await?;
+            let last = c.last;
+            self.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });
+            if !(last && hold_last) || self.pending_bytes > (64 << 10) {
+                self.flush(false).await?;
+            }
             if let Some(p) = &self.progress {
                 p.fetch_add(raw_len, std::sync::atomic::Ordering::Relaxed);
             }
@@ -184,6 +225,12 @@ impl FrameWriter {
                 (c, if self.encoding.shuffle && itemsize > 1 { itemsize as u32 } else { 0 })
             }
             CompressionMode::Auto => {
+                // Below this, compressing cannot save enough time to pay for
+                // trying (sampling costs tens of microseconds).
+                const AUTO_MIN: usize = 256 << 10;
+                if segments.iter().map(Bytes::len).sum::<usize>() < AUTO_MIN {
+                    return (Compression::None, 0);
+                }
                 let Some(bw) = self.encoding.link_bandwidth.or_else(|| self.link.as_ref().and_then(|l| l.get())) else {
                     return (Compression::None, 0);
                 };
@@ -272,6 +319,10 @@ impl FrameReader {
             });
         }
         let plan = self.reasm.plan(&first, p0.len()).map_err(|e| self.chunk_error(e))?;
+        if plan.last && plan.compression == Compression::None {
+            // One uncompressed chunk: the payload is the tensor, no copy.
+            return self.finish_tensor(p0);
+        }
         // Allocated once from the declared total, which `plan` checked against the limit.
         let mut buf = vec![0u8; plan.total];
         plan.write(&p0, &mut buf, &mut self.dec).map_err(|e| self.chunk_error(e))?;
@@ -287,9 +338,14 @@ impl FrameReader {
             buf = p.into_inner().await;
         }
         result?;
+        self.finish_tensor(Bytes::from(buf))
+    }
+
+    /// Checks the checksum and decodes a complete payload.
+    fn finish_tensor(&mut self, payload: Bytes) -> Result<Tensor, CallError> {
         let (info, crc) = self.reasm.finished().ok_or_else(|| self.protocol("tensor ended early"))?;
         if let Some(expected) = crc {
-            let actual = crc32c::crc32c(&buf);
+            let actual = crc32c::crc32c(&payload);
             if actual != expected {
                 return Err(CallError::Decode(tensorwire_codecs::DecodeError::Checksum {
                     what: "tensor payload",
@@ -303,10 +359,13 @@ impl FrameReader {
         }
         let (tinfo, codec_kind) = info_from_wire(&info).map_err(|e| self.protocol(e))?;
         let codec = tensorwire_codecs::codec(codec_kind)?;
-        let n = buf.len() as u64;
-        let t = codec.decode(&tinfo, Bytes::from(buf), &self.limits.decode_limits())?;
+        let n = payload.len() as u64;
+        let t = codec.decode(&tinfo, payload, &self.limits.decode_limits())?;
         self.tensors += 1;
         self.bytes += n;
+        if let Some(p) = &self.progress {
+            p.fetch_add(n.min(1 << 20), std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(t)
     }
 
@@ -412,7 +471,7 @@ impl TensorStream {
             Ok(Item::Control(h)) => match h.kind {
                 Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),
                 Some(Kind::Reply(r)) if self.client_side => {
-                    self.reply = Some(r);
+                    self.reply = Some(*r);
                     match self.reader.next().await {
                         Ok(Item::End) => None,
                         Ok(_) => Some(Err(self.reader.protocol("frames after the reply"))),
@@ -458,7 +517,7 @@ pub struct TensorSink<'a> {
 impl TensorSink<'_> {
     /// Sends one tensor to the caller (waits while the caller is slow to read).
     pub async fn send(&mut self, tensor: Tensor) -> Result<(), Status> {
-        self.writer.send_tensor(&tensor).await.map(|_| ()).map_err(Status::from)
+        self.writer.send_tensor(&tensor, false).await.map(|_| ()).map_err(Status::from)
     }
 
     /// Tensors and payload bytes sent so far.
@@ -475,13 +534,15 @@ impl TensorSink<'_> {
 /// Codec and compression a request asks for, applied to an encoding.
 pub(crate) fn apply_response_encoding(mut enc: Encoding, req: &v1::Request) -> Encoding {
     if req.response_codec != 0
-        && let Ok(c) = codec_from_wire(req.response_codec) {
-            enc.codec = c;
-        }
+        && let Ok(c) = codec_from_wire(req.response_codec)
+    {
+        enc.codec = c;
+    }
     if req.response_compression != 0
-        && let Ok(c) = crate::wire::compression_from_wire(req.response_compression) {
-            enc.compression = CompressionMode::Fixed(c);
-            enc.shuffle = req.response_shuffle > 1;
-        }
+        && let Ok(c) = crate::wire::compression_from_wire(req.response_compression)
+    {
+        enc.compression = CompressionMode::Fixed(c);
+        enc.shuffle = req.response_shuffle > 1;
+    }
     enc
 }

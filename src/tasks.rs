@@ -117,14 +117,15 @@ impl TaskManager {
             }
             let r = f.run(call).await;
             if let Some(e) = lock(&tasks).get_mut(&tid)
-                && e.state != TaskState::Cancelled {
-                    e.state = match &r {
-                        Ok(_) => TaskState::Done,
-                        Err(s) => TaskState::Failed(s.to_string()),
-                    };
-                    e.result = Some(r);
-                    e.finished_at = Some(Instant::now());
-                }
+                && e.state != TaskState::Cancelled
+            {
+                e.state = match &r {
+                    Ok(_) => TaskState::Done,
+                    Err(s) => TaskState::Failed(s.to_string()),
+                };
+                e.result = Some(r);
+                e.finished_at = Some(Instant::now());
+            }
             let _ = done_tx.send(true);
         });
         if let Some(e) = lock(&self.tasks).get_mut(&id) {

@@ -119,9 +119,10 @@ pub fn info_from_wire(w: &v1::TensorInfo) -> Result<(TensorInfo, CodecKind), Str
         Some(w.strides.iter().map(|&d| usize_of(d)).collect::<Result<Vec<_>, _>>()?)
     };
     if let Some(s) = &strides
-        && s.len() != shape.len() {
-            return Err(format!("{} strides for {} dimensions", s.len(), shape.len()));
-        }
+        && s.len() != shape.len()
+    {
+        return Err(format!("{} strides for {} dimensions", s.len(), shape.len()));
+    }
     let info = TensorInfo {
         dtype: dtype_from_wire(w.dtype)?,
         shape,

@@ -151,11 +151,14 @@ mod suite {
     }
 
     fn hello(version: u32) -> Frame {
-        Frame::header_only(FrameHeader::new(Kind::Hello(v1::Hello { version, ..Default::default() })))
+        Frame::header_only(FrameHeader::new(Kind::Hello(Box::new(v1::Hello { version, ..Default::default() }))))
     }
 
     fn request(method: v1::Method) -> Frame {
-        Frame::header_only(FrameHeader::new(Kind::Request(v1::Request { method: method as i32, ..Default::default() })))
+        Frame::header_only(FrameHeader::new(Kind::Request(Box::new(v1::Request {
+            method: method as i32,
+            ..Default::default()
+        }))))
     }
 
     fn chunk(info: Option<v1::TensorInfo>, total: u64, payload: &[u8], last: bool) -> Frame {
@@ -168,7 +171,7 @@ mod suite {
                 last,
                 compression: v1::Compression::None as i32,
                 raw_len: payload.len() as u64,
-                info,
+                info: info.map(Box::new),
                 ..Default::default()
             })),
             payload: bytes::Bytes::copy_from_slice(payload),

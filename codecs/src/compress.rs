@@ -81,9 +81,10 @@ impl FromStr for Compression {
             _ => {}
         }
         if let Some(level) = t.strip_prefix("zstd:").and_then(|l| l.parse::<i32>().ok())
-            && (1..=22).contains(&level) {
-                return Ok(Compression::Zstd(level));
-            }
+            && (1..=22).contains(&level)
+        {
+            return Ok(Compression::Zstd(level));
+        }
         Err(UnknownCompression(s.to_string()))
     }
 }

@@ -300,7 +300,11 @@ fn nearest_code(a: f32, max_code: u8, value: impl Fn(u8) -> f32) -> Option<u8> {
     if a >= max {
         let below = value(max_code - 1);
         let half_ulp = (max - below) / 2.0;
-        return if a < max + half_ulp || (a == max + half_ulp && max_code.is_multiple_of(2)) { Some(max_code) } else { None };
+        return if a < max + half_ulp || (a == max + half_ulp && max_code.is_multiple_of(2)) {
+            Some(max_code)
+        } else {
+            None
+        };
     }
     // Values are increasing in the code; binary search the first code >= a.
     let (mut lo, mut hi) = (0u8, max_code);

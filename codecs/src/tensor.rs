@@ -51,9 +51,10 @@ impl FromStr for Device {
             return Ok(Device::Cuda(0));
         }
         if let Some(n) = t.strip_prefix("cuda:")
-            && let Ok(n) = n.parse() {
-                return Ok(Device::Cuda(n));
-            }
+            && let Ok(n) = n.parse()
+        {
+            return Ok(Device::Cuda(n));
+        }
         Err(UnknownDevice(s.to_string()))
     }
 }
@@ -680,11 +681,12 @@ impl Tensor {
                 continue;
             }
             if let Some(last) = dims.last_mut()
-                && last.1 == s * d {
-                    last.0 *= d;
-                    last.1 = s;
-                    continue;
-                }
+                && last.1 == s * d
+            {
+                last.0 *= d;
+                last.1 = s;
+                continue;
+            }
             dims.push((d, s));
         }
         let base = self.offset * it;

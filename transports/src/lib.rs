@@ -432,6 +432,18 @@ pub trait SendStream: Send + 'static {
         self.send(frame).await?;
         self.finish().await
     }
+    /// Sends several frames at once (and with `fin`, ends this direction):
+    /// transports that can write them together save wake-ups and syscalls.
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let n = frames.len();
+        for (i, f) in frames.into_iter().enumerate() {
+            if fin && i + 1 == n {
+                return self.send_last(f).await;
+            }
+            self.send(f).await?;
+        }
+        if fin { self.finish().await } else { Ok(()) }
+    }
     /// Ends this direction gracefully; the peer's `recv` returns `None`.
     async fn finish(&mut self) -> Result<(), StreamError>;
     /// Abandons this direction; the peer's `recv` fails with `code`.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -49,7 +49,7 @@ impl Listener for QueueListener {
 pub(crate) fn handshake_in_background<R, W>(rd: R, wr: W, info: SocketInfo, config: TransportConfig, tx: AcceptTx)
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: mux::MuxWrite,
 {
     tokio::spawn(async move {
         let peer = info.peer.clone();

@@ -218,7 +218,7 @@ impl AcceptFirst for Arc<dyn Connection> {
         &self,
         tx: &mut Box<dyn tensorwire_transports::SendStream>,
     ) -> tensorwire_transports::Incoming {
-        let hello = FrameHeader::new(HKind::Request(v1::Request::default()));
+        let hello = FrameHeader::new(HKind::Request(Box::new(v1::Request::default())));
         tx.send(Frame::header_only(hello)).await.unwrap();
         let mut inc = self.accept().await.unwrap();
         let first = inc.recv.recv().await.unwrap().unwrap();
@@ -442,7 +442,10 @@ async fn streams_opened_in_one_order_and_used_in_another_all_arrive() {
     }
     let mut seen = Vec::new();
     for _ in 0..20 {
-        let mut inc = tokio::time::timeout(Duration::from_secs(5), p.server.accept()).await.expect("every stream arrives").unwrap();
+        let mut inc = tokio::time::timeout(Duration::from_secs(5), p.server.accept())
+            .await
+            .expect("every stream arrives")
+            .unwrap();
         let r = inc.recv.recv().await.unwrap().unwrap();
         let Payload::Bytes(b) = r.payload else { panic!() };
         seen.push(b[0]);

@@ -127,15 +127,16 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Value, DecodeError> {
             .find(|e| e.name.len() == prefix.len() + rel.len() && e.name.starts_with(&prefix) && e.name.ends_with(rel))
     };
     if let Some(order) = record("byteorder")
-        && order.data.as_ref() != b"little" {
-            return Err(DecodeError::Malformed {
-                format: "torch file",
-                reason: format!(
-                    "byteorder {:?} is not supported (only little-endian)",
-                    String::from_utf8_lossy(&order.data)
-                ),
-            });
-        }
+        && order.data.as_ref() != b"little"
+    {
+        return Err(DecodeError::Malformed {
+            format: "torch file",
+            reason: format!(
+                "byteorder {:?} is not supported (only little-endian)",
+                String::from_utf8_lossy(&order.data)
+            ),
+        });
+    }
     let root = pickle::load(&pkl.data, limits)?;
     let mut storages: HashMap<String, Bytes> = HashMap::new();
     let mut count = 0usize;

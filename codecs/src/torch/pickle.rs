@@ -675,9 +675,10 @@ impl Machine<'_> {
                     storage.dtype.ok_or_else(|| bad("_rebuild_tensor_v2 with an untyped storage"))?
                 };
                 if let Some(sd) = storage.dtype
-                    && sd != dtype {
-                        return Err(bad(format!("a {sd} storage rebuilt as {dtype}")));
-                    }
+                    && sd != dtype
+                {
+                    return Err(bad(format!("a {sd} storage rebuilt as {dtype}")));
+                }
                 let offset = self.uint(a[1], "storage offset")?;
                 let shape = self.uints(a[2], "tensor size")?;
                 let strides = self.uints(a[3], "tensor stride")?;

@@ -1,34 +1,28 @@
-//! The mux driver: one reader task and one writer task per socket, streams
-//! as handles that talk to them through channels.
+//! The mux connection: shared state, stream handles and the handshake.
 //!
-//! * The **writer** drains a queue of outgoing frames, batches whatever is
-//!   queued into one vectored write (headers copied into a scratch buffer,
-//!   large payloads passed by reference), so many small calls share a
-//!   syscall and large payloads are never copied.
-//! * The **reader** parses frames, enforces limits and credit before
-//!   allocating, and hands each frame to its stream's queue. Payloads go
-//!   straight into a stream's [`Placement`] buffer when one is registered.
-//!   It stops reading the socket while more than the connection window sits
-//!   unconsumed, so memory is bounded per connection too.
+//! A connection runs a reader task ([`super::reader`]) and a writer task
+//! ([`super::writer`]); streams are handles that share per-stream state with
+//! them. Small frames are written directly by the sending task when the
+//! writer is idle; everything else goes through the writer's queue.
 
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
 use super::flow::{RecvWindow, SendWindow};
-use super::frame::{self, FLAG_FIN, HEAD_LEN, Head, Kind, PREFACE_LEN, Preface, code};
+use super::frame::{self, Head, Kind, PREFACE_LEN, Preface, code};
+use super::writer::{MuxWrite, Out, Writer};
 use crate::{
-    Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
-    StreamError, StreamKind, TransportConfig,
+    Connection, ConnectionInfo, Frame, Incoming, Placement, Received, RecvStream, SendStream, StreamError, StreamKind,
+    TransportConfig,
 };
 
 /// Which end of the connection this is: clients open odd stream ids.
@@ -40,27 +34,8 @@ pub enum Role {
     Server,
 }
 
-/// Read buffer size: many small frames per read, and at most this much of a
-/// large payload is copied out of it (the rest is read in place).
-const READ_BUF: usize = 64 << 10;
-/// Payloads up to this size are copied into the writer's scratch buffer so a
-/// batch of small frames is one contiguous write.
-const INLINE_PAYLOAD: usize = 8 << 10;
-
-// Nearly every queued item is a frame; boxing frames to shrink the rare
-// control items would cost an allocation per frame.
 #[allow(clippy::large_enum_variant)]
-enum Out {
-    Data { id: u32, header: Option<FrameHeader>, payload: Bytes, fin: bool },
-    Window { id: u32, inc: u32 },
-    Reset { id: u32, code: u32 },
-    Stop { id: u32, code: u32 },
-    GoAway { code: u32, reason: String },
-    Pong(u32),
-}
-
-#[allow(clippy::large_enum_variant)]
-enum Event {
+pub(crate) enum Event {
     Frame(Received, u64),
     Fin,
     Reset(u32),
@@ -68,95 +43,95 @@ enum Event {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum SendHalf {
+pub(crate) enum SendHalf {
     Open,
     Done,
     Stopped(u32),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum RecvHalf {
+pub(crate) enum RecvHalf {
     Open,
     Fin,
     Reset,
     Dropped,
 }
 
-struct StreamInner {
-    send: SendWindow,
-    send_half: SendHalf,
-    recv: RecvWindow,
-    recv_half: RecvHalf,
-    events: Option<mpsc::UnboundedSender<Event>>,
-    placement: Option<Placement>,
-    send_alive: bool,
-    recv_alive: bool,
+pub(crate) struct StreamInner {
+    pub(crate) send: SendWindow,
+    pub(crate) send_half: SendHalf,
+    pub(crate) recv: RecvWindow,
+    pub(crate) recv_half: RecvHalf,
+    pub(crate) events: Option<mpsc::UnboundedSender<Event>>,
+    pub(crate) placement: Option<Placement>,
+    pub(crate) send_alive: bool,
+    pub(crate) recv_alive: bool,
 }
 
-struct StreamShared {
+pub(crate) struct StreamShared {
     /// 0 until the stream's first frame is sent (locally opened streams get
     /// their id then, so new ids reach the wire in increasing order).
-    id: AtomicU32,
-    remote: bool,
-    inner: Mutex<StreamInner>,
-    send_notify: Notify,
+    pub(crate) id: AtomicU32,
+    pub(crate) remote: bool,
+    pub(crate) inner: Mutex<StreamInner>,
+    pub(crate) send_notify: Notify,
 }
 
 impl StreamShared {
-    fn id(&self) -> u32 {
+    pub(crate) fn id(&self) -> u32 {
         self.id.load(Ordering::Acquire)
     }
 }
 
-struct ConnState {
-    streams: HashMap<u32, Arc<StreamShared>>,
-    next_id: u32,
-    last_remote: u32,
-    remote_open: u32,
-    error: Option<StreamError>,
+pub(crate) struct ConnState {
+    pub(crate) streams: HashMap<u32, Arc<StreamShared>>,
+    pub(crate) next_id: u32,
+    pub(crate) last_remote: u32,
+    pub(crate) remote_open: u32,
+    pub(crate) error: Option<StreamError>,
 }
 
-struct Shared {
-    role: Role,
-    peer: String,
-    transport: &'static str,
-    local: bool,
-    limits: frame::Limits,
-    my_window: u32,
-    peer_window: u32,
-    peer_max_payload: u32,
-    max_streams: u32,
-    conn_window: u64,
-    idle_timeout: Option<Duration>,
-    state: Mutex<ConnState>,
-    out: mpsc::UnboundedSender<Out>,
-    accept_tx: mpsc::UnboundedSender<Incoming>,
-    closed: AtomicBool,
-    closed_notify: Notify,
-    buffered: AtomicU64,
-    budget_notify: Notify,
+pub(crate) struct Shared {
+    pub(crate) role: Role,
+    pub(crate) peer: String,
+    pub(crate) transport: &'static str,
+    pub(crate) local: bool,
+    pub(crate) limits: frame::Limits,
+    pub(crate) my_window: u32,
+    pub(crate) peer_window: u32,
+    pub(crate) peer_max_payload: u32,
+    pub(crate) max_streams: u32,
+    pub(crate) conn_window: u64,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) state: Mutex<ConnState>,
+    pub(crate) writer: Writer,
+    pub(crate) accept_tx: mpsc::UnboundedSender<Incoming>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) closed_notify: Notify,
+    pub(crate) buffered: AtomicU64,
+    pub(crate) budget_notify: Notify,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks would be a bug in this module; the
     // data stays consistent enough to report errors, so don't propagate poison.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
-    fn error(&self) -> StreamError {
+    pub(crate) fn error(&self) -> StreamError {
         lock(&self.state)
             .error
             .clone()
             .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
     }
 
-    fn protocol(&self, reason: impl Into<String>) -> StreamError {
+    pub(crate) fn protocol(&self, reason: impl Into<String>) -> StreamError {
         StreamError::Protocol { peer: self.peer.clone(), reason: reason.into() }
     }
 
     /// Marks the connection failed: every stream learns `err`, every waiter wakes.
-    fn fail(&self, err: StreamError) {
+    pub(crate) fn fail(&self, err: StreamError) {
         let streams: Vec<Arc<StreamShared>> = {
             let mut st = lock(&self.state);
             if st.error.is_some() {
@@ -178,7 +153,7 @@ impl Shared {
         self.budget_notify.notify_waiters();
     }
 
-    fn new_stream(&self, id: u32, remote: bool) -> (Arc<StreamShared>, mpsc::UnboundedReceiver<Event>) {
+    pub(crate) fn new_stream(&self, id: u32, remote: bool) -> (Arc<StreamShared>, mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let s = Arc::new(StreamShared {
             id: AtomicU32::new(id),
@@ -198,7 +173,7 @@ impl Shared {
         (s, rx)
     }
 
-    fn forget(&self, s: &StreamShared) {
+    pub(crate) fn forget(&self, s: &StreamShared) {
         let id = s.id();
         if id == 0 {
             return;
@@ -209,12 +184,12 @@ impl Shared {
         }
     }
 
-    fn is_remote_id(&self, id: u32) -> bool {
+    pub(crate) fn is_remote_id(&self, id: u32) -> bool {
         // Clients open odd ids, servers even ones.
         (id % 2 == 1) == (self.role == Role::Server)
     }
 
-    async fn wait_closed(&self) {
+    pub(crate) async fn wait_closed(&self) {
         loop {
             let n = self.closed_notify.notified();
             let mut n = pin!(n);
@@ -277,7 +252,7 @@ pub async fn establish<R, W>(
 ) -> Result<Arc<MuxConnection>, EstablishError>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: MuxWrite,
 {
     let mine = Preface {
         version: frame::MUX_VERSION,
@@ -311,7 +286,7 @@ where
             return Err(EstablishError::Protocol(reason));
         }
     };
-    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (writer, out_rx) = Writer::new(Box::new(wr));
     let (accept_tx, accept_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         role,
@@ -332,15 +307,15 @@ where
             remote_open: 0,
             error: None,
         }),
-        out: out_tx,
+        writer,
         accept_tx,
         closed: AtomicBool::new(false),
         closed_notify: Notify::new(),
         buffered: AtomicU64::new(0),
         budget_notify: Notify::new(),
     });
-    tokio::spawn(writer(shared.clone(), wr, out_rx));
-    tokio::spawn(reader(shared.clone(), rd));
+    tokio::spawn(super::writer::run(shared.clone(), out_rx));
+    tokio::spawn(super::reader::run(shared.clone(), rd));
     Ok(Arc::new(MuxConnection { shared, accept_rx: tokio::sync::Mutex::new(accept_rx) }))
 }
 
@@ -388,7 +363,7 @@ impl Connection for MuxConnection {
 
     fn close(&self, reason: &str) {
         if !self.shared.closed.load(Ordering::Acquire) {
-            let _ = self.shared.out.send(Out::GoAway { code: code::NO_ERROR, reason: reason.to_string() });
+            let _ = self.shared.writer.push(Out::GoAway { code: code::NO_ERROR, reason: reason.to_string() });
             self.shared.fail(StreamError::ConnectionClosed {
                 peer: self.shared.peer.clone(),
                 reason: format!("closed locally: {reason}"),
@@ -405,13 +380,13 @@ impl Connection for MuxConnection {
     }
 }
 
-struct MuxSend {
-    shared: Arc<Shared>,
-    stream: Arc<StreamShared>,
+pub(crate) struct MuxSend {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: Arc<StreamShared>,
 }
 
 impl MuxSend {
-    async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
+    fn check_frame(&self, frame: &Frame) -> Result<u64, StreamError> {
         let sh = &self.shared;
         let cost = frame.header.encoded_len() as u64 + frame.payload.len() as u64;
         if frame.payload.len() as u64 > u64::from(sh.peer_max_payload) {
@@ -430,6 +405,13 @@ impl MuxSend {
                 limit: sh.peer_window.into(),
             });
         }
+        Ok(cost)
+    }
+
+    /// Waits for `cost` bytes of credit and takes them; with `fin`, also
+    /// closes this direction.
+    async fn acquire(&self, cost: u64, fin: bool) -> Result<(), StreamError> {
+        let sh = &self.shared;
         let s = &self.stream;
         loop {
             let notified = s.send_notify.notified();
@@ -441,7 +423,9 @@ impl MuxSend {
             {
                 let mut inner = lock(&s.inner);
                 match inner.send_half {
-                    SendHalf::Done => return Err(StreamError::Finished { peer: sh.peer.clone(), stream: s.id().into() }),
+                    SendHalf::Done => {
+                        return Err(StreamError::Finished { peer: sh.peer.clone(), stream: s.id().into() });
+                    }
                     SendHalf::Stopped(code) => {
                         return Err(StreamError::Stopped { peer: sh.peer.clone(), stream: s.id().into(), code });
                     }
@@ -450,26 +434,42 @@ impl MuxSend {
                             if fin {
                                 inner.send_half = SendHalf::Done;
                             }
-                            break;
+                            return Ok(());
                         }
                     }
                 }
             }
             notified.await;
         }
-        self.enqueue(Some(frame.header), frame.payload, fin)
     }
 
-    /// Queues a DATA frame. A locally opened stream's first frame gets the
-    /// next id, assigned and queued under the connection lock: the peer
-    /// treats any id at or below the highest it has seen as an old stream,
-    /// so new ids must reach the wire in increasing order.
-    fn enqueue(&self, header: Option<FrameHeader>, payload: Bytes, fin: bool) -> Result<(), StreamError> {
+    async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
+        let cost = self.check_frame(&frame)?;
+        self.acquire(cost, fin).await?;
+        self.enqueue(|id| [Out::Data { id, header: Some(frame.header), payload: frame.payload, fin }])
+    }
+
+    /// Hands frames to the writer. A locally opened stream's first frame
+    /// gets the next id, assigned and handed over under the connection lock:
+    /// the peer treats any id at or below the highest it has seen as an old
+    /// stream, so new ids must reach the wire in increasing order.
+    fn enqueue<I>(&self, frames: impl FnOnce(u32) -> I) -> Result<(), StreamError>
+    where
+        I: AsRef<[Out]> + IntoIterator<Item = Out>,
+    {
         let sh = &self.shared;
         let s = &self.stream;
+        let fail = |e: std::io::Error| {
+            let err = StreamError::io(&sh.peer, &e);
+            sh.fail(err.clone());
+            err
+        };
         let id = s.id();
         if id != 0 {
-            return sh.out.send(Out::Data { id, header, payload, fin }).map_err(|_| sh.error());
+            if sh.closed.load(Ordering::Acquire) {
+                return Err(sh.error());
+            }
+            return sh.writer.write_or_push(frames(id)).map_err(fail);
         }
         let mut st = lock(&sh.state);
         if let Some(e) = &st.error {
@@ -482,7 +482,9 @@ impl MuxSend {
         })?;
         s.id.store(id, Ordering::Release);
         st.streams.insert(id, s.clone());
-        sh.out.send(Out::Data { id, header, payload, fin }).map_err(|_| sh.error())
+        let r = sh.writer.write_or_push(frames(id));
+        drop(st);
+        r.map_err(fail)
     }
 }
 
@@ -496,17 +498,40 @@ impl SendStream for MuxSend {
         self.send_inner(frame, true).await
     }
 
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let mut cost = 0;
+        for f in &frames {
+            cost += self.check_frame(f)?;
+        }
+        if frames.is_empty() {
+            return if fin { self.finish().await } else { Ok(()) };
+        }
+        if cost > u64::from(self.shared.peer_window) {
+            // More than the peer's window at once: send them one by one.
+            let n = frames.len();
+            for (i, f) in frames.into_iter().enumerate() {
+                self.send_inner(f, fin && i + 1 == n).await?;
+            }
+            return Ok(());
+        }
+        self.acquire(cost, fin).await?;
+        let n = frames.len();
+        self.enqueue(|id| {
+            frames
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| Out::Data { id, header: Some(f.header), payload: f.payload, fin: fin && i + 1 == n })
+                .collect::<Vec<_>>()
+        })
+    }
+
     async fn finish(&mut self) -> Result<(), StreamError> {
-        let sh = &self.shared;
         let mut inner = lock(&self.stream.inner);
         match inner.send_half {
             SendHalf::Open => {
                 inner.send_half = SendHalf::Done;
                 drop(inner);
-                if sh.closed.load(Ordering::Acquire) {
-                    return Err(sh.error());
-                }
-                self.enqueue(None, Bytes::new(), true)
+                self.enqueue(|id| [Out::Data { id, header: None, payload: Bytes::new(), fin: true }])
             }
             // Finishing twice, or after the peer stopped reading, has nothing left to do.
             SendHalf::Done | SendHalf::Stopped(_) => Ok(()),
@@ -520,7 +545,7 @@ impl SendStream for MuxSend {
             // A stream that never sent a frame does not exist for the peer.
             let id = self.stream.id();
             if id != 0 {
-                let _ = self.shared.out.send(Out::Reset { id, code });
+                let _ = self.shared.writer.write_or_push([Out::Reset { id, code }]);
             }
         }
     }
@@ -543,11 +568,11 @@ impl Drop for MuxSend {
     }
 }
 
-struct MuxRecv {
-    shared: Arc<Shared>,
-    stream: Arc<StreamShared>,
-    events: mpsc::UnboundedReceiver<Event>,
-    done: bool,
+pub(crate) struct MuxRecv {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: Arc<StreamShared>,
+    pub(crate) events: mpsc::UnboundedReceiver<Event>,
+    pub(crate) done: bool,
 }
 
 impl MuxRecv {
@@ -560,7 +585,7 @@ impl MuxRecv {
         let inc = inner.recv.on_consume(cost);
         // No credit goes back once the peer finished: it will send nothing more.
         if let (Some(inc), RecvHalf::Open) = (inc, inner.recv_half) {
-            let _ = sh.out.send(Out::Window { id: self.stream.id(), inc });
+            let _ = sh.writer.write_or_push([Out::Window { id: self.stream.id(), inc }]);
         }
     }
 }
@@ -605,7 +630,7 @@ impl Drop for MuxRecv {
             inner.recv_half = RecvHalf::Dropped;
             let id = self.stream.id();
             if id != 0 {
-                let _ = self.shared.out.send(Out::Stop { id, code: code::CANCELLED });
+                let _ = self.shared.writer.write_or_push([Out::Stop { id, code: code::CANCELLED }]);
             }
         }
         inner.events = None;
@@ -624,412 +649,4 @@ impl Drop for MuxRecv {
             self.shared.forget(&self.stream);
         }
     }
-}
-
-async fn writer<W: AsyncWrite + Unpin>(shared: Arc<Shared>, mut wr: W, mut rx: mpsc::UnboundedReceiver<Out>) {
-    let mut scratch = BytesMut::with_capacity(64 << 10);
-    let mut batch: Vec<Out> = Vec::with_capacity(64);
-    // Ranges of `scratch` interleaved with borrowed payloads, in write order.
-    let mut parts: Vec<(usize, usize, Option<Bytes>)> = Vec::with_capacity(64);
-    let mut closing = false;
-    while !closing {
-        // Queued frames go out first; once the connection is closed, what is
-        // still queued (a GOAWAY, say) is written and the writer ends.
-        let first = tokio::select! {
-            biased;
-            o = rx.recv() => o,
-            _ = shared.wait_closed() => None,
-        };
-        match first {
-            Some(o) => batch.push(o),
-            None => closing = true,
-        }
-        while batch.len() < 512 {
-            match rx.try_recv() {
-                Ok(o) => batch.push(o),
-                Err(_) => break,
-            }
-        }
-        if batch.is_empty() {
-            break;
-        }
-        scratch.clear();
-        parts.clear();
-        let mut start = 0;
-        for o in batch.drain(..) {
-            let mut payload_ref = None;
-            match o {
-                Out::Data { id, header, payload, fin } => {
-                    let meta_len = header.as_ref().map_or(0, Message::encoded_len);
-                    Head {
-                        stream: id,
-                        kind: Kind::Data,
-                        flags: if fin { FLAG_FIN } else { 0 },
-                        meta_len: meta_len as u32,
-                        value: payload.len() as u32,
-                    }
-                    .encode(&mut scratch);
-                    if let Some(h) = header {
-                        h.encode(&mut scratch).expect("BytesMut grows");
-                    }
-                    if payload.len() <= INLINE_PAYLOAD {
-                        scratch.put_slice(&payload);
-                    } else {
-                        payload_ref = Some(payload);
-                    }
-                }
-                Out::Window { id, inc } => {
-                    Head { stream: id, kind: Kind::Window, flags: 0, meta_len: 0, value: inc }.encode(&mut scratch)
-                }
-                Out::Reset { id, code } => {
-                    Head { stream: id, kind: Kind::Reset, flags: 0, meta_len: 0, value: code }.encode(&mut scratch)
-                }
-                Out::Stop { id, code } => {
-                    Head { stream: id, kind: Kind::Stop, flags: 0, meta_len: 0, value: code }.encode(&mut scratch)
-                }
-                Out::Pong(v) => {
-                    Head { stream: 0, kind: Kind::Pong, flags: 0, meta_len: 0, value: v }.encode(&mut scratch)
-                }
-                Out::GoAway { code, reason } => {
-                    let r = &reason.as_bytes()[..reason.len().min(1024)];
-                    Head { stream: 0, kind: Kind::GoAway, flags: 0, meta_len: r.len() as u32, value: code }
-                        .encode(&mut scratch);
-                    scratch.put_slice(r);
-                    closing = true;
-                }
-            }
-            if let Some(p) = payload_ref {
-                parts.push((start, scratch.len(), Some(p)));
-                start = scratch.len();
-            }
-        }
-        parts.push((start, scratch.len(), None));
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() * 2);
-        for (a, b, p) in &parts {
-            if b > a {
-                slices.push(IoSlice::new(&scratch[*a..*b]));
-            }
-            if let Some(p) = p {
-                slices.push(IoSlice::new(p));
-            }
-        }
-        if let Err(e) = write_all_vectored(&mut wr, &mut slices).await {
-            shared.fail(StreamError::io(&shared.peer, &e));
-            return;
-        }
-    }
-    let _ = wr.shutdown().await;
-}
-
-async fn write_all_vectored<W: AsyncWrite + Unpin>(wr: &mut W, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    while !slices.is_empty() {
-        let n = wr.write_vectored(slices).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut slices, n);
-    }
-    Ok(())
-}
-
-async fn reader<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R) {
-    let mut buf = BytesMut::with_capacity(READ_BUF);
-    let result = tokio::select! {
-        r = read_frames(&shared, &mut rd, &mut buf) => r,
-        _ = shared.wait_closed() => return,
-    };
-    let err = match result {
-        Ok(()) => {
-            StreamError::ConnectionClosed { peer: shared.peer.clone(), reason: "the peer closed the connection".into() }
-        }
-        Err(e) => {
-            if let StreamError::Protocol { reason, .. } = &e {
-                tracing::warn!(peer = %shared.peer, %reason, "closing connection: protocol violation");
-                let _ = shared.out.send(Out::GoAway { code: code::PROTOCOL, reason: reason.clone() });
-            }
-            e
-        }
-    };
-    shared.fail(err);
-}
-
-/// Reads until `buf` holds `n` bytes. Ok(false): clean EOF before any byte.
-async fn fill<R: AsyncRead + Unpin>(
-    shared: &Shared,
-    rd: &mut R,
-    buf: &mut BytesMut,
-    n: usize,
-) -> Result<bool, StreamError> {
-    while buf.len() < n {
-        let (spare, need) = (buf.capacity() - buf.len(), n - buf.len());
-        if spare < need || spare < 4096 {
-            buf.reserve(need.max(READ_BUF));
-        }
-        let read = rd.read_buf(buf);
-        let got = match shared.idle_timeout {
-            Some(t) => tokio::time::timeout(t, read).await.map_err(|_| StreamError::ConnectionClosed {
-                peer: shared.peer.clone(),
-                reason: format!("idle for {t:?}"),
-            })?,
-            None => read.await,
-        }
-        .map_err(|e| StreamError::io(&shared.peer, &e))?;
-        if got == 0 {
-            if buf.is_empty() {
-                return Ok(false);
-            }
-            return Err(
-                shared.protocol(format!("connection closed in the middle of a frame ({} of {n} bytes)", buf.len()))
-            );
-        }
-    }
-    Ok(true)
-}
-
-async fn read_frames<R: AsyncRead + Unpin>(
-    shared: &Arc<Shared>,
-    rd: &mut R,
-    buf: &mut BytesMut,
-) -> Result<(), StreamError> {
-    loop {
-        if !fill(shared, rd, buf, HEAD_LEN).await? {
-            return Ok(());
-        }
-        let hb: [u8; HEAD_LEN] = buf[..HEAD_LEN].try_into().expect("filled");
-        let head = Head::decode(&hb, &shared.limits).map_err(|e| shared.protocol(e.to_string()))?;
-        buf.advance(HEAD_LEN);
-        let meta_len = head.meta_len as usize;
-        fill(shared, rd, buf, meta_len).await.and_then(|ok| {
-            if ok || meta_len == 0 { Ok(()) } else { Err(shared.protocol("connection closed inside a frame header")) }
-        })?;
-        let meta = buf.split_to(meta_len).freeze();
-        match head.kind {
-            Kind::Data => on_data(shared, rd, buf, head, meta).await?,
-            Kind::Window => {
-                if let Some(s) = lookup(shared, head.stream) {
-                    let r = lock(&s.inner).send.grant(head.value);
-                    r.map_err(|e| shared.protocol(format!("stream {}: {e}", head.stream)))?;
-                    s.send_notify.notify_waiters();
-                }
-            }
-            Kind::Reset => {
-                if let Some(s) = lookup(shared, head.stream) {
-                    let mut inner = lock(&s.inner);
-                    if inner.recv_half == RecvHalf::Open {
-                        inner.recv_half = RecvHalf::Reset;
-                        if let Some(tx) = &inner.events {
-                            let _ = tx.send(Event::Reset(head.value));
-                        }
-                    }
-                }
-            }
-            Kind::Stop => {
-                if let Some(s) = lookup(shared, head.stream) {
-                    let mut inner = lock(&s.inner);
-                    if inner.send_half == SendHalf::Open {
-                        inner.send_half = SendHalf::Stopped(head.value);
-                    }
-                    drop(inner);
-                    s.send_notify.notify_waiters();
-                }
-            }
-            Kind::GoAway => {
-                let reason = String::from_utf8_lossy(&meta).into_owned();
-                return Err(StreamError::ConnectionClosed {
-                    peer: shared.peer.clone(),
-                    reason: if head.value == code::NO_ERROR {
-                        format!("the peer closed the connection ({reason})")
-                    } else {
-                        format!("the peer closed the connection with error {}: {reason}", head.value)
-                    },
-                });
-            }
-            Kind::Ping => {
-                let _ = shared.out.send(Out::Pong(head.value));
-            }
-            Kind::Pong => {}
-        }
-    }
-}
-
-fn lookup(shared: &Shared, id: u32) -> Option<Arc<StreamShared>> {
-    lock(&shared.state).streams.get(&id).cloned()
-}
-
-/// Finds or opens the stream a DATA frame belongs to. None: discard the frame.
-fn stream_for_data(shared: &Arc<Shared>, id: u32) -> Result<Option<Arc<StreamShared>>, StreamError> {
-    if id == 0 {
-        return Err(shared.protocol("DATA on stream 0"));
-    }
-    let mut st = lock(&shared.state);
-    if let Some(s) = st.streams.get(&id) {
-        return Ok(Some(s.clone()));
-    }
-    if !shared.is_remote_id(id) || id <= st.last_remote {
-        // A stream already closed here (or never opened): late data is dropped.
-        return Ok(None);
-    }
-    st.last_remote = id;
-    if st.remote_open >= shared.max_streams {
-        drop(st);
-        let _ = shared.out.send(Out::Reset { id, code: code::REFUSED });
-        return Ok(None);
-    }
-    st.remote_open += 1;
-    let (s, rx) = shared.new_stream(id, true);
-    st.streams.insert(id, s.clone());
-    drop(st);
-    let incoming = Incoming {
-        kind: None,
-        send: Box::new(MuxSend { shared: shared.clone(), stream: s.clone() }),
-        recv: Box::new(MuxRecv { shared: shared.clone(), stream: s.clone(), events: rx, done: false }),
-    };
-    if shared.accept_tx.send(incoming).is_err() {
-        return Ok(None);
-    }
-    Ok(Some(s))
-}
-
-async fn on_data<R: AsyncRead + Unpin>(
-    shared: &Arc<Shared>,
-    rd: &mut R,
-    buf: &mut BytesMut,
-    head: Head,
-    meta: Bytes,
-) -> Result<(), StreamError> {
-    let plen = head.payload_len() as usize;
-    let header = if meta.is_empty() {
-        if plen > 0 {
-            return Err(shared.protocol(format!("stream {}: payload without a frame header", head.stream)));
-        }
-        None
-    } else {
-        Some(
-            FrameHeader::decode(meta)
-                .map_err(|e| shared.protocol(format!("stream {}: undecodable frame header: {e}", head.stream)))?,
-        )
-    };
-    let Some(s) = stream_for_data(shared, head.stream)? else {
-        return skip(shared, rd, buf, plen).await;
-    };
-    let cost = head.meta_len as u64 + plen as u64;
-    let (placement, deliver) = {
-        let mut inner = lock(&s.inner);
-        match inner.recv_half {
-            RecvHalf::Fin | RecvHalf::Reset => {
-                return Err(shared.protocol(format!("stream {}: data after the end of the stream", head.stream)));
-            }
-            RecvHalf::Dropped => (None, false),
-            RecvHalf::Open => {
-                inner.recv.on_receive(cost).map_err(|e| shared.protocol(format!("stream {}: {e}", head.stream)))?;
-                let place = match (&inner.placement, &header) {
-                    (Some(p), Some(h)) => h
-                        .placement_offset()
-                        .filter(|&(id, off)| p.accepts(id, off, plen))
-                        .map(|(_, off)| (p.clone(), off)),
-                    _ => None,
-                };
-                (place, true)
-            }
-        }
-    };
-    if !deliver {
-        return skip(shared, rd, buf, plen).await;
-    }
-    let payload = match placement {
-        Some((p, off)) => {
-            let mut g = p.lock().await;
-            let dst = &mut g[off as usize..off as usize + plen];
-            let have = buf.len().min(plen);
-            dst[..have].copy_from_slice(&buf[..have]);
-            buf.advance(have);
-            if have < plen {
-                rd.read_exact(&mut dst[have..]).await.map_err(|e| read_err(shared, &e))?;
-            }
-            Payload::Placed { offset: off, len: plen }
-        }
-        None => Payload::Bytes(read_payload(shared, rd, buf, plen).await?),
-    };
-    {
-        let mut inner = lock(&s.inner);
-        if inner.recv_alive && inner.recv_half == RecvHalf::Open {
-            if let (Some(tx), Some(header)) = (&inner.events, header)
-                && tx.send(Event::Frame(Received { header, payload }, cost)).is_ok() {
-                    shared.buffered.fetch_add(cost, Ordering::AcqRel);
-                }
-            if head.fin() {
-                inner.recv_half = RecvHalf::Fin;
-                if let Some(tx) = &inner.events {
-                    let _ = tx.send(Event::Fin);
-                }
-            }
-        }
-    }
-    // Connection window: stop reading while too much sits unconsumed.
-    loop {
-        let n = shared.budget_notify.notified();
-        let mut n = pin!(n);
-        n.as_mut().enable();
-        if shared.buffered.load(Ordering::Acquire) <= shared.conn_window || shared.closed.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        n.await;
-    }
-}
-
-fn read_err(shared: &Shared, e: &std::io::Error) -> StreamError {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        shared.protocol("connection closed in the middle of a payload")
-    } else {
-        StreamError::io(&shared.peer, e)
-    }
-}
-
-async fn read_payload<R: AsyncRead + Unpin>(
-    shared: &Shared,
-    rd: &mut R,
-    buf: &mut BytesMut,
-    n: usize,
-) -> Result<Bytes, StreamError> {
-    if buf.len() >= n {
-        return Ok(buf.split_to(n).freeze());
-    }
-    if n <= READ_BUF {
-        if !fill(shared, rd, buf, n).await? {
-            return Err(shared.protocol("connection closed in the middle of a payload"));
-        }
-        return Ok(buf.split_to(n).freeze());
-    }
-    // Large: one allocation of exactly n (checked against max_frame_payload
-    // by Head::decode), filled by reading straight into it.
-    let mut dst = BytesMut::with_capacity(n);
-    dst.extend_from_slice(&buf[..]);
-    buf.clear();
-    while dst.len() < n {
-        let room = n - dst.len();
-        let mut limited = (&mut dst).limit(room);
-        let got = rd.read_buf(&mut limited).await.map_err(|e| read_err(shared, &e))?;
-        if got == 0 {
-            return Err(shared.protocol("connection closed in the middle of a payload"));
-        }
-    }
-    Ok(dst.freeze())
-}
-
-async fn skip<R: AsyncRead + Unpin>(
-    shared: &Shared,
-    rd: &mut R,
-    buf: &mut BytesMut,
-    mut n: usize,
-) -> Result<(), StreamError> {
-    let have = buf.len().min(n);
-    buf.advance(have);
-    n -= have;
-    let mut sink = [0u8; 8192];
-    while n > 0 {
-        let k = n.min(sink.len());
-        rd.read_exact(&mut sink[..k]).await.map_err(|e| read_err(shared, &e))?;
-        n -= k;
-    }
-    Ok(())
 }

@@ -11,5 +11,8 @@
 pub mod conn;
 pub mod flow;
 pub mod frame;
+mod reader;
+mod writer;
 
 pub use conn::{EstablishError, MuxConnection, Role, SocketInfo, establish};
+pub use writer::MuxWrite;

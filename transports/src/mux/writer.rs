@@ -1,0 +1,300 @@
+//! The write side of a mux connection.
+//!
+//! Frames leave in one of two ways, always in the order they were handed in:
+//!
+//! * **Direct**: when nothing is queued and the writer task is idle, the
+//!   calling task encodes its small frames (a whole small call: request,
+//!   tensor chunk and end of stream) into one buffer and writes it with a
+//!   single non-blocking syscall. No task is woken; this is what keeps small
+//!   calls fast. What the socket does not take is kept as the first bytes
+//!   the writer task sends.
+//! * **Queued**: otherwise frames go onto a queue. The writer task drains it
+//!   in batches, copying headers and small payloads into a scratch buffer
+//!   and passing large payloads by reference, in one vectored write.
+//!
+//! The socket itself sits in a slot that either the writer task (while it
+//! writes a batch) or a direct writer (for one syscall) holds, and a count of
+//! queued frames tells direct writers when they would jump the queue.
+
+use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::conn::{Shared, lock};
+use super::frame::{FLAG_FIN, Head, Kind};
+use crate::{FrameHeader, StreamError};
+
+/// Payloads up to this size are copied into the scratch buffer, so a batch
+/// of small frames is one contiguous write.
+const INLINE_PAYLOAD: usize = 8 << 10;
+/// Largest group of frames written directly by the caller's task.
+const DIRECT_MAX: usize = 64 << 10;
+
+/// A socket's write half that can also be written without waiting.
+pub trait MuxWrite: AsyncWrite + Unpin + Send + 'static {
+    /// Writes what the socket accepts right now; `WouldBlock` when nothing.
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+}
+
+impl MuxWrite for tokio::net::tcp::OwnedWriteHalf {
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.try_write_vectored(bufs)
+    }
+}
+
+impl MuxWrite for tokio::net::unix::OwnedWriteHalf {
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.try_write_vectored(bufs)
+    }
+}
+
+/// One outgoing item.
+// Nearly every item is a frame; boxing frames to shrink the rare control
+// items would cost an allocation per frame.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Out {
+    Data {
+        id: u32,
+        header: Option<FrameHeader>,
+        payload: Bytes,
+        fin: bool,
+    },
+    Window {
+        id: u32,
+        inc: u32,
+    },
+    Reset {
+        id: u32,
+        code: u32,
+    },
+    Stop {
+        id: u32,
+        code: u32,
+    },
+    GoAway {
+        code: u32,
+        reason: String,
+    },
+    Pong(u32),
+    /// Nothing to encode: wakes the writer to send what a direct write left over.
+    Flush,
+}
+
+impl Out {
+    fn direct_size(&self) -> Option<usize> {
+        match self {
+            Out::Data { header, payload, .. } if payload.len() <= INLINE_PAYLOAD => {
+                Some(16 + header.as_ref().map_or(0, Message::encoded_len) + payload.len())
+            }
+            Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) => Some(16),
+            _ => None,
+        }
+    }
+
+    /// Encodes into `scratch`; returns a large payload to send by reference
+    /// right after, and whether this item ends the connection.
+    fn encode(self, scratch: &mut BytesMut) -> (Option<Bytes>, bool) {
+        let head = |stream, kind, meta_len, value| Head { stream, kind, flags: 0, meta_len, value };
+        match self {
+            Out::Data { id, header, payload, fin } => {
+                let meta_len = header.as_ref().map_or(0, Message::encoded_len);
+                Head {
+                    stream: id,
+                    kind: Kind::Data,
+                    flags: if fin { FLAG_FIN } else { 0 },
+                    meta_len: meta_len as u32,
+                    value: payload.len() as u32,
+                }
+                .encode(scratch);
+                if let Some(h) = header {
+                    h.encode(scratch).expect("BytesMut grows");
+                }
+                if payload.len() <= INLINE_PAYLOAD {
+                    scratch.put_slice(&payload);
+                    return (None, false);
+                }
+                return (Some(payload), false);
+            }
+            Out::Window { id, inc } => head(id, Kind::Window, 0, inc).encode(scratch),
+            Out::Reset { id, code } => head(id, Kind::Reset, 0, code).encode(scratch),
+            Out::Stop { id, code } => head(id, Kind::Stop, 0, code).encode(scratch),
+            Out::Pong(v) => head(0, Kind::Pong, 0, v).encode(scratch),
+            Out::GoAway { code, reason } => {
+                let r = &reason.as_bytes()[..reason.len().min(1024)];
+                head(0, Kind::GoAway, r.len() as u32, code).encode(scratch);
+                scratch.put_slice(r);
+                return (None, true);
+            }
+            Out::Flush => {}
+        }
+        (None, false)
+    }
+}
+
+struct Slot {
+    /// The socket; None while the writer task is writing a batch.
+    io: Option<Box<dyn MuxWrite>>,
+    /// Bytes a direct write could not finish: sent before anything else.
+    leftover: BytesMut,
+    /// Reused buffer for direct writes.
+    scratch: BytesMut,
+}
+
+/// The connection's outgoing side: the queue and the socket slot.
+pub(crate) struct Writer {
+    slot: Mutex<Slot>,
+    queued: AtomicUsize,
+    tx: mpsc::UnboundedSender<Out>,
+}
+
+impl Writer {
+    pub(crate) fn new(io: Box<dyn MuxWrite>) -> (Self, mpsc::UnboundedReceiver<Out>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let slot = Slot { io: Some(io), leftover: BytesMut::new(), scratch: BytesMut::with_capacity(DIRECT_MAX) };
+        (Self { slot: Mutex::new(slot), queued: AtomicUsize::new(0), tx }, rx)
+    }
+
+    /// Queues one item for the writer task.
+    pub(crate) fn push(&self, o: Out) -> Result<(), ()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(o).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        })
+    }
+
+    /// Writes `items` from the calling task if they are small and nothing
+    /// waits ahead of them; queues them otherwise. Err: the connection is gone.
+    pub(crate) fn write_or_push(&self, items: impl AsRef<[Out]> + IntoIterator<Item = Out>) -> Result<(), io::Error> {
+        let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "connection closed");
+        let size: Option<usize> = items.as_ref().iter().try_fold(0usize, |acc, o| Some(acc + o.direct_size()?));
+        if let Some(size) = size.filter(|&s| s <= DIRECT_MAX)
+            && let Ok(mut slot) = self.slot.try_lock()
+            && slot.io.is_some()
+            && slot.leftover.is_empty()
+            && self.queued.load(Ordering::Acquire) == 0
+        {
+            let Slot { io, leftover, scratch } = &mut *slot;
+            scratch.clear();
+            scratch.reserve(size);
+            for o in items {
+                o.encode(scratch);
+            }
+            let io = io.as_ref().expect("checked");
+            let written = match io.try_write_now(&[IoSlice::new(scratch)]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(e),
+            };
+            if written < scratch.len() {
+                leftover.extend_from_slice(&scratch[written..]);
+                drop(slot);
+                self.push(Out::Flush).map_err(|_| gone())?;
+            }
+            return Ok(());
+        }
+        for o in items {
+            self.push(o).map_err(|_| gone())?;
+        }
+        Ok(())
+    }
+}
+
+/// The writer task: drains the queue in batches until the connection closes.
+pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Out>) {
+    let w = &shared.writer;
+    let mut scratch = BytesMut::with_capacity(64 << 10);
+    let mut batch: Vec<Out> = Vec::with_capacity(64);
+    // Ranges of `scratch` interleaved with borrowed payloads, in write order.
+    let mut parts: Vec<(usize, usize, Option<Bytes>)> = Vec::with_capacity(64);
+    let mut closing = false;
+    while !closing {
+        // Queued frames go out first; once the connection is closed, what is
+        // still queued (a GOAWAY, say) is written and the writer ends.
+        let first = tokio::select! {
+            biased;
+            o = rx.recv() => o,
+            _ = shared.wait_closed() => None,
+        };
+        match first {
+            Some(o) => batch.push(o),
+            None => closing = true,
+        }
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let n_items = batch.len();
+        // Take the socket (and whatever a direct write left over) for this batch.
+        let (mut io, leftover) = {
+            let mut slot = lock(&w.slot);
+            let Some(io) = slot.io.take() else { return };
+            (io, std::mem::take(&mut slot.leftover))
+        };
+        scratch.clear();
+        parts.clear();
+        let mut start = 0;
+        for o in batch.drain(..) {
+            let (payload, ends) = o.encode(&mut scratch);
+            closing |= ends;
+            if let Some(p) = payload {
+                parts.push((start, scratch.len(), Some(p)));
+                start = scratch.len();
+            }
+        }
+        parts.push((start, scratch.len(), None));
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() * 2 + 1);
+        if !leftover.is_empty() {
+            slices.push(IoSlice::new(&leftover));
+        }
+        for (a, b, p) in &parts {
+            if b > a {
+                slices.push(IoSlice::new(&scratch[*a..*b]));
+            }
+            if let Some(p) = p {
+                slices.push(IoSlice::new(p));
+            }
+        }
+        let result = write_all_vectored(&mut io, &mut slices).await;
+        drop(slices);
+        parts.clear();
+        {
+            let mut slot = lock(&w.slot);
+            slot.io = Some(io);
+            w.queued.fetch_sub(n_items, Ordering::AcqRel);
+        }
+        if let Err(e) = result {
+            shared.fail(StreamError::io(&shared.peer, &e));
+            return;
+        }
+    }
+    let io = lock(&w.slot).io.take();
+    if let Some(mut io) = io {
+        let _ = io.shutdown().await;
+    }
+}
+
+async fn write_all_vectored<W: AsyncWrite + Unpin + ?Sized>(
+    wr: &mut W,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    // Stay below IOV_MAX (1024) per call.
+    while !slices.is_empty() {
+        let end = slices.len().min(1024);
+        let n = wr.write_vectored(&slices[..end]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}
