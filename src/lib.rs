@@ -113,6 +113,8 @@ mod dispatch;
 pub mod error;
 mod function;
 mod info;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod retry;
 mod server;
 mod service;

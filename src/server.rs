@@ -240,6 +240,11 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn inner(&self) -> &Arc<ServerInner> {
+        &self.inner
+    }
+
     /// Where it listens (ports resolved).
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints

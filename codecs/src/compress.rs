@@ -148,14 +148,27 @@ pub fn shuffle(input: &[u8], elem: usize, out: &mut [u8]) {
     out[body..].copy_from_slice(&input[body..]);
 }
 
+/// Elements transposed per block: small enough to stay in registers,
+/// large enough that each plane gets whole 16-byte stores.
+const BLOCK: usize = 16;
+
 fn shuffle_n<const E: usize>(input: &[u8], out: &mut [u8], n: usize) {
-    if n == 0 {
-        return;
+    let blocks = n / BLOCK;
+    for k in 0..blocks {
+        let src = &input[k * BLOCK * E..(k + 1) * BLOCK * E];
+        let mut rows = [[0u8; BLOCK]; E];
+        for (j, e) in src.as_chunks::<E>().0.iter().take(BLOCK).enumerate() {
+            for b in 0..E {
+                rows[b][j] = e[b];
+            }
+        }
+        for (b, row) in rows.iter().enumerate() {
+            out[b * n + k * BLOCK..b * n + (k + 1) * BLOCK].copy_from_slice(row);
+        }
     }
-    let mut planes: Vec<&mut [u8]> = out.chunks_exact_mut(n).collect();
-    for (i, e) in input.as_chunks::<E>().0.iter().enumerate() {
+    for i in blocks * BLOCK..n {
         for b in 0..E {
-            planes[b][i] = e[b];
+            out[b * n + i] = input[i * E + b];
         }
     }
 }
@@ -186,13 +199,22 @@ pub fn unshuffle(input: &[u8], elem: usize, out: &mut [u8]) {
 }
 
 fn unshuffle_n<const E: usize>(input: &[u8], out: &mut [u8], n: usize) {
-    if n == 0 {
-        return;
+    let blocks = n / BLOCK;
+    for k in 0..blocks {
+        let mut rows = [[0u8; BLOCK]; E];
+        for (b, row) in rows.iter_mut().enumerate() {
+            row.copy_from_slice(&input[b * n + k * BLOCK..b * n + (k + 1) * BLOCK]);
+        }
+        let dst = &mut out[k * BLOCK * E..(k + 1) * BLOCK * E];
+        for (j, e) in dst.as_chunks_mut::<E>().0.iter_mut().take(BLOCK).enumerate() {
+            for b in 0..E {
+                e[b] = rows[b][j];
+            }
+        }
     }
-    let planes: Vec<&[u8]> = input.chunks_exact(n).collect();
-    for (i, e) in out.as_chunks_mut::<E>().0.iter_mut().enumerate() {
+    for i in blocks * BLOCK..n {
         for b in 0..E {
-            e[b] = planes[b][i];
+            out[i * E + b] = input[b * n + i];
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod python;
+
 use std::path::PathBuf;
 
 use tensorwire::builtins::{builtin_functions, random_tensor};
