@@ -112,6 +112,8 @@ mod connect;
 mod dispatch;
 pub mod error;
 mod function;
+#[doc(hidden)]
+pub mod fuzzing;
 mod info;
 #[cfg(feature = "metrics")]
 pub mod metrics;

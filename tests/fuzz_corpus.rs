@@ -1,0 +1,132 @@
+//! Runs the committed fuzz seed corpus (fuzz/corpus/TARGET/*) through the
+//! same entry points the cargo-fuzz targets use, so every CI run replays it.
+
+use std::path::Path;
+
+type Target = fn(&[u8]);
+
+const TARGETS: &[(&str, Target)] = &[
+    ("torch_load", tensorwire::fuzzing::torch_load),
+    ("pickle", tensorwire::fuzzing::pickle),
+    ("safetensors_load", tensorwire::fuzzing::safetensors_load),
+    ("lz4", tensorwire::fuzzing::lz4),
+    ("zstd", tensorwire::fuzzing::zstd),
+    ("mux_frames", tensorwire::fuzzing::mux_frames),
+    ("reassembly", tensorwire::fuzzing::reassembly),
+];
+
+fn corpus(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(name)
+}
+
+#[test]
+fn seed_corpus_replays_without_panics() {
+    for (name, target) in TARGETS {
+        let dir = corpus(name);
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            target(&data);
+            // Every truncation of a seed must be handled too.
+            for cut in (0..data.len()).step_by(data.len().div_ceil(64).max(1)) {
+                target(&data[..cut]);
+            }
+            n += 1;
+        }
+        assert!(n > 0, "no seeds for {name}");
+    }
+}
+
+/// Regenerates the Rust-made seeds: `cargo test --test fuzz_corpus -- --ignored`.
+#[test]
+#[ignore]
+fn write_seed_corpus() {
+    use bytes::BytesMut;
+    use prost::Message;
+    use tensorwire::codecs::compress::{Compression, Compressor};
+    use tensorwire::codecs::torch::{self, SaveOptions, Value};
+    use tensorwire::codecs::{DType, Tensor, safetensors};
+    use tensorwire::proto::v1::{self, FrameHeader, frame_header::Kind};
+    use tensorwire::transports::mux::frame::{self, Head, Kind as MuxKind};
+
+    let put = |target: &str, name: &str, data: &[u8]| {
+        std::fs::create_dir_all(corpus(target)).unwrap();
+        std::fs::write(corpus(target).join(name), data).unwrap();
+    };
+    let join = |segs: Vec<bytes::Bytes>| segs.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>();
+    let t = Tensor::from_vec([2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let sd = Value::state_dict([
+        ("w", t.clone()),
+        ("wt", t.transpose(0, 1).unwrap()),
+        ("u", Tensor::from_vec([2], vec![1u16, 2]).unwrap()),
+    ]);
+    let file = join(torch::save(&sd, &SaveOptions::default()).unwrap());
+    put("torch_load", "rust_state_dict.pt", &file);
+    let entries = torch::zip::read_entries(&bytes::Bytes::from(file), &Default::default()).unwrap();
+    put("pickle", "rust_state_dict.pkl", &entries[0].data);
+    put(
+        "safetensors_load",
+        "rust.safetensors",
+        &join(
+            safetensors::save(&[("w".into(), t.clone()), ("b".into(), Tensor::zeros(DType::Bool, [3]).unwrap())], None)
+                .unwrap(),
+        ),
+    );
+    let ramp: Vec<u8> = (0..4096u32).flat_map(|i| ((i / 16) as f32 * 0.5).to_le_bytes()).collect();
+    let mut c = Compressor::new();
+    for (name, comp) in [("lz4", Compression::Lz4), ("zstd", Compression::Zstd(3))] {
+        for sh in [0u32, 4] {
+            let z = c.compress(comp, sh, &ramp).unwrap().unwrap();
+            let n = ramp.len();
+            let mut seed = vec![(n >> 12) as u8, ((n >> 4) & 0xff) as u8, sh as u8];
+            seed.extend_from_slice(&z);
+            put(name, &format!("ramp_shuffle{sh}"), &seed);
+        }
+    }
+    let chunk = |tid: u64, index: u32, offset: u64, total: u64, raw_len: u64, last: bool, info: bool| {
+        FrameHeader::new(Kind::Chunk(v1::Chunk {
+            tensor_id: tid,
+            index,
+            offset,
+            total_bytes: total,
+            last,
+            compression: v1::Compression::None as i32,
+            raw_len,
+            info: info.then(|| {
+                Box::new(v1::TensorInfo { dtype: v1::Dtype::Uint8 as i32, shape: vec![total], ..Default::default() })
+            }),
+            ..Default::default()
+        }))
+    };
+    let mut wire = BytesMut::new();
+    for (i, h) in [chunk(1, 0, 0, 8, 4, false, true), chunk(1, 1, 4, 8, 4, true, false)].iter().enumerate() {
+        let meta = h.encode_to_vec();
+        frame::encode_frame(
+            &Head {
+                stream: 1,
+                kind: MuxKind::Data,
+                flags: (i as u8) & frame::FLAG_FIN,
+                meta_len: meta.len() as u32,
+                value: 4,
+            },
+            &meta,
+            &[7; 4],
+            &mut wire,
+        );
+    }
+    frame::encode_frame(
+        &Head { stream: 1, kind: MuxKind::Window, flags: 0, meta_len: 0, value: 4096 },
+        &[],
+        &[],
+        &mut wire,
+    );
+    put("mux_frames", "two_chunks_and_window", &wire);
+    let mut seq = Vec::new();
+    for h in [chunk(1, 0, 0, 8, 4, false, true), chunk(1, 1, 4, 8, 4, true, false)] {
+        let m = h.encode_to_vec();
+        seq.push(m.len() as u8);
+        seq.extend_from_slice(&m);
+        seq.extend_from_slice(&[9; 4]);
+    }
+    put("reassembly", "two_chunks", &seq);
+}
