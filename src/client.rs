@@ -299,7 +299,15 @@ impl Client {
     }
 
     fn count(&self, w: &FrameWriter, r: &FrameReader) {
+        self.count_sent(w);
+        self.count_received(r);
+    }
+
+    fn count_sent(&self, w: &FrameWriter) {
         self.inner.stats.bytes_sent.fetch_add(w.bytes_sent, Ordering::Relaxed);
+    }
+
+    fn count_received(&self, r: &FrameReader) {
         self.inner.stats.bytes_received.fetch_add(r.bytes, Ordering::Relaxed);
     }
 
@@ -321,11 +329,14 @@ impl Client {
                 let (mut w, mut r) = self.open(&s, StreamKind::Send, opts).await?;
                 w.control(Kind::Request(Box::new(self.request(Method::Send, opts, started))));
                 sent.set();
-                if let Err(e) = send_all(&mut w, tensors).await {
+                let sent_ok = send_all(&mut w, tensors).await;
+                self.count_sent(&w);
+                if let Err(e) = sent_ok {
                     return Err(explain(e, &mut r).await);
                 }
-                let (_, reply) = read_outputs(&mut r).await?;
-                self.count(&w, &r);
+                let out = read_outputs(&mut r).await;
+                self.count_received(&r);
+                let (_, reply) = out?;
                 Ok((
                     SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message },
                     None,
@@ -452,11 +463,14 @@ impl Client {
                 req.args = args.to_wire();
                 w.control(Kind::Request(Box::new(req)));
                 sent.set();
-                if let Err(e) = send_all(&mut w, inputs).await {
+                let sent_ok = send_all(&mut w, inputs).await;
+                self.count_sent(&w);
+                if let Err(e) = sent_ok {
                     return Err(explain(e, &mut r).await);
                 }
-                let (tensors, reply) = read_outputs(&mut r).await?;
-                self.count(&w, &r);
+                let out = read_outputs(&mut r).await;
+                self.count_received(&r);
+                let (tensors, reply) = out?;
                 let values = reply.values.as_ref().map(Value::from_wire).unwrap_or_default();
                 let server_time = (reply.server_time_us > 0).then(|| Duration::from_micros(reply.server_time_us));
                 Ok((Output { tensors, values }, server_time))

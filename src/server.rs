@@ -269,7 +269,14 @@ impl RunningServer {
     /// calls, wait for calls in flight (up to `shutdown_grace`), then close
     /// every connection.
     pub async fn shutdown(mut self) {
-        self.begin_shutdown();
+        // Stop accepting and wait until the listeners are closed, so the
+        // addresses are free again when this returns.
+        self.inner.serving.store(false, Ordering::Release);
+        self.inner.shutdown.cancel();
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
         let deadline = tokio::time::Instant::now() + self.inner.config.shutdown_grace;
         loop {
             let idle = self.inner.idle.notified();
@@ -285,6 +292,18 @@ impl RunningServer {
                 );
                 break;
             }
+        }
+        self.close_all();
+    }
+
+    /// Stops at once: closes the listeners (the addresses are free when this
+    /// returns) and every connection, without waiting for calls in flight.
+    pub async fn abort(mut self) {
+        self.inner.serving.store(false, Ordering::Release);
+        self.inner.shutdown.cancel();
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
         }
         self.close_all();
     }

@@ -1,6 +1,7 @@
-//! Listener plumbing shared by the byte-stream transports: an accept loop
-//! task that hands each new socket to its own handshake task, so a slow or
-//! hostile client never delays the others.
+//! Listener plumbing shared by the byte-stream transports. The listener
+//! owns its socket (dropping it closes the socket at once, so a restarted
+//! server can bind the same address); each accepted socket's handshake runs
+//! in its own task, so a slow or hostile client never delays the others.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +9,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::mux::{self, EstablishError, Role, SocketInfo};
 use crate::{AcceptError, ConnectError, Connection, Endpoint, Listener, TransportConfig};
@@ -16,18 +16,38 @@ use crate::{AcceptError, ConnectError, Connection, Endpoint, Listener, Transport
 /// Connections (or handshake failures) ready for [`Listener::accept`].
 pub(crate) type AcceptTx = mpsc::Sender<Result<Arc<dyn Connection>, AcceptError>>;
 
-/// A listener fed by a background accept loop.
+/// A bound socket that yields raw connections.
+#[async_trait]
+pub(crate) trait RawAccept: Send + 'static {
+    /// Accepts one socket and starts its handshake in the background.
+    async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()>;
+}
+
+/// A listener: accepts sockets on demand, handshakes them in the background.
 pub(crate) struct QueueListener {
+    pub(crate) raw: Box<dyn RawAccept>,
+    pub(crate) config: TransportConfig,
+    pub(crate) tx: AcceptTx,
     pub(crate) rx: mpsc::Receiver<Result<Arc<dyn Connection>, AcceptError>>,
     pub(crate) local: Endpoint,
-    pub(crate) task: JoinHandle<()>,
     /// Socket file removed when the listener is dropped.
     pub(crate) cleanup: Option<PathBuf>,
 }
 
+impl QueueListener {
+    pub(crate) fn new(
+        raw: Box<dyn RawAccept>,
+        config: &TransportConfig,
+        local: Endpoint,
+        cleanup: Option<PathBuf>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(64);
+        Self { raw, config: config.clone(), tx, rx, local, cleanup }
+    }
+}
+
 impl Drop for QueueListener {
     fn drop(&mut self) {
-        self.task.abort();
         if let Some(p) = &self.cleanup {
             let _ = std::fs::remove_file(p);
         }
@@ -37,7 +57,16 @@ impl Drop for QueueListener {
 #[async_trait]
 impl Listener for QueueListener {
     async fn accept(&mut self) -> Result<Arc<dyn Connection>, AcceptError> {
-        self.rx.recv().await.unwrap_or(Err(AcceptError::Closed))
+        loop {
+            tokio::select! {
+                done = self.rx.recv() => return done.unwrap_or(Err(AcceptError::Closed)),
+                r = self.raw.accept_and_handshake(&self.config, &self.tx) => {
+                    if let Err(e) = r {
+                        backoff(&e).await;
+                    }
+                }
+            }
+        }
     }
 
     fn local_endpoint(&self) -> Endpoint {

@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
-use crate::listener::{QueueListener, backoff, establish_error, handshake_in_background};
+use crate::listener::{AcceptTx, QueueListener, RawAccept, establish_error, handshake_in_background};
 use crate::mux::{self, Role, SocketInfo};
 use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
 
@@ -38,26 +37,25 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
     Ok(c)
 }
 
+struct TcpAccept(TcpListener);
+
+#[async_trait::async_trait]
+impl RawAccept for TcpAccept {
+    async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()> {
+        let (s, addr) = self.0.accept().await?;
+        tune(&s, config);
+        let (rd, wr) = s.into_split();
+        let info = SocketInfo { peer: addr.to_string(), transport: "tcp", local: addr.ip().is_loopback() };
+        handshake_in_background(rd, wr, info, config.clone(), tx.clone());
+        Ok(())
+    }
+}
+
 /// Listens on `tcp://host:port` (port 0 picks a free port).
 pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
     let l = TcpListener::bind(endpoint.authority())
         .await
         .map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
     let port = l.local_addr().map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?.port();
-    let (tx, rx) = mpsc::channel(64);
-    let config = config.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            match l.accept().await {
-                Ok((s, addr)) => {
-                    tune(&s, &config);
-                    let (rd, wr) = s.into_split();
-                    let info = SocketInfo { peer: addr.to_string(), transport: "tcp", local: addr.ip().is_loopback() };
-                    handshake_in_background(rd, wr, info, config.clone(), tx.clone());
-                }
-                Err(e) => backoff(&e).await,
-            }
-        }
-    });
-    Ok(Box::new(QueueListener { rx, local: endpoint.with_port(port), task, cleanup: None }))
+    Ok(Box::new(QueueListener::new(Box::new(TcpAccept(l)), config, endpoint.with_port(port), None)))
 }

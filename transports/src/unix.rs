@@ -5,10 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
 
 use crate::listener::establish_error;
-use crate::listener::{QueueListener, backoff, handshake_in_background};
+use crate::listener::{AcceptTx, QueueListener, RawAccept, handshake_in_background};
 use crate::mux::{self, Role, SocketInfo};
 use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
 
@@ -65,27 +64,29 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
     Ok(c)
 }
 
+struct UnixAccept {
+    listener: UnixListener,
+    name: String,
+    n: u64,
+}
+
+#[async_trait::async_trait]
+impl RawAccept for UnixAccept {
+    async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()> {
+        let (s, _) = self.listener.accept().await?;
+        self.n += 1;
+        let (rd, wr) = s.into_split();
+        let info = SocketInfo { peer: format!("{}#{}", self.name, self.n), transport: "unix", local: true };
+        handshake_in_background(rd, wr, info, config.clone(), tx.clone());
+        Ok(())
+    }
+}
+
 /// Listens on `unix:///path`; the socket file is removed when the listener is dropped.
 pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
     let path = endpoint.path().to_path_buf();
     let l = bind_socket(&path).map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
-    let (tx, rx) = mpsc::channel(64);
-    let config = config.clone();
-    let name = endpoint.to_string();
-    let task = tokio::spawn(async move {
-        let mut n = 0u64;
-        loop {
-            match l.accept().await {
-                Ok((s, _)) => {
-                    n += 1;
-                    let (rd, wr) = s.into_split();
-                    let info = SocketInfo { peer: format!("{name}#{n}"), transport: "unix", local: true };
-                    handshake_in_background(rd, wr, info, config.clone(), tx.clone());
-                }
-                Err(e) => backoff(&e).await,
-            }
-        }
-    });
+    let raw = UnixAccept { listener: l, name: endpoint.to_string(), n: 0 };
     let cleanup = abstract_name(&path).is_none().then_some(path);
-    Ok(Box::new(QueueListener { rx, local: endpoint.clone(), task, cleanup }))
+    Ok(Box::new(QueueListener::new(Box::new(raw), config, endpoint.clone(), cleanup)))
 }
