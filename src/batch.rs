@@ -21,11 +21,16 @@ pub struct BatchConfig {
     pub max_wait: Duration,
     /// Examples that may wait at once; more are refused (default 65,536).
     pub max_queue: usize,
+    /// Run the function on the runtime thread instead of the blocking pool
+    /// (default false). Only for functions that finish in microseconds: it
+    /// saves a thread hand-off per batch, but a slow function would stall
+    /// every call on that runtime thread.
+    pub inline: bool,
 }
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        Self { max_batch: 8, max_wait: Duration::from_millis(2), max_queue: 65_536 }
+        Self { max_batch: 8, max_wait: Duration::from_millis(2), max_queue: 65_536, inline: false }
     }
 }
 
@@ -33,7 +38,15 @@ type BatchFn = Arc<dyn Fn(Vec<Tensor>, &Args) -> Result<Vec<Tensor>, Status> + S
 
 struct Pending {
     call: Call,
+    /// 0: one example; N: N examples stacked along a leading dimension.
+    stacked: usize,
     reply: oneshot::Sender<Result<Output, Status>>,
+}
+
+impl Pending {
+    fn examples(&self) -> usize {
+        self.stacked.max(1)
+    }
 }
 
 /// Queues examples for one batched function.
@@ -57,12 +70,30 @@ impl Batcher {
         &self.config
     }
 
+    /// One example.
     pub(crate) async fn submit(&self, call: Call) -> Result<Output, Status> {
+        self.submit_stacked(call, 0).await
+    }
+
+    /// `stacked` examples (0: one, unstacked) in each input's leading
+    /// dimension; outputs come back stacked the same way.
+    pub(crate) async fn submit_stacked(&self, call: Call, stacked: usize) -> Result<Output, Status> {
+        if stacked > 0 {
+            for t in &call.inputs {
+                if t.shape().first() != Some(&stacked) {
+                    return Err(Status::invalid_argument(format!(
+                        "{}: {stacked} stacked examples need inputs with leading dimension {stacked}, got {:?}",
+                        self.name,
+                        t.shape()
+                    )));
+                }
+            }
+        }
         if let Some((rx, f, stats)) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take() {
             tokio::spawn(run(self.name.clone(), self.config.clone(), rx, f, stats));
         }
         let (reply, wait) = oneshot::channel();
-        self.tx.try_send(Pending { call, reply }).map_err(|e| match e {
+        self.tx.try_send(Pending { call, stacked, reply }).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 Status::resource_exhausted(format!("{}: {} examples already waiting", self.name, self.config.max_queue))
             }
@@ -73,13 +104,31 @@ impl Batcher {
 }
 
 async fn run(name: String, config: BatchConfig, mut rx: mpsc::Receiver<Pending>, f: BatchFn, stats: FunctionStats) {
-    while let Some(first) = rx.recv().await {
+    let inline = config.inline;
+    // A stacked group that would overfill a batch waits for the next one.
+    let mut carry: Option<Pending> = None;
+    loop {
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut n = first.examples();
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + config.max_wait;
-        while batch.len() < config.max_batch {
+        while n < config.max_batch {
             tokio::select! {
                 p = rx.recv() => match p {
-                    Some(p) => batch.push(p),
+                    Some(p) if n + p.examples() > config.max_batch => {
+                        carry = Some(p);
+                        break;
+                    }
+                    Some(p) => {
+                        n += p.examples();
+                        batch.push(p);
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep_until(deadline) => break,
@@ -89,21 +138,22 @@ async fn run(name: String, config: BatchConfig, mut rx: mpsc::Receiver<Pending>,
         batch.retain(|p| !p.reply.is_closed() && !p.call.ctx.is_cancelled());
         // Examples of different shapes cannot be stacked: one run per shape.
         while !batch.is_empty() {
-            let key = signature(&batch[0].call.inputs);
-            let (group, rest): (Vec<Pending>, Vec<Pending>) =
-                batch.into_iter().partition(|p| signature(&p.call.inputs) == key);
+            let key = signature(&batch[0]);
+            let (group, rest): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| signature(p) == key);
             batch = rest;
-            run_group(&name, group, &f, &stats).await;
+            run_group(&name, group, &f, &stats, inline).await;
         }
     }
 }
 
-fn signature(inputs: &[Tensor]) -> Vec<(DType, Vec<usize>)> {
-    inputs.iter().map(|t| (t.dtype(), t.shape().to_vec())).collect()
+/// dtype and per-example shape of each input.
+fn signature(p: &Pending) -> Vec<(DType, Vec<usize>)> {
+    let skip = usize::from(p.stacked > 0);
+    p.call.inputs.iter().map(|t| (t.dtype(), t.shape()[skip..].to_vec())).collect()
 }
 
-async fn run_group(name: &str, group: Vec<Pending>, f: &BatchFn, stats: &FunctionStats) {
-    let n = group.len();
+async fn run_group(name: &str, group: Vec<Pending>, f: &BatchFn, stats: &FunctionStats, inline: bool) {
+    let n: usize = group.iter().map(Pending::examples).sum();
     let started = Instant::now();
     let stacked = match stack(&group) {
         Ok(s) => s,
@@ -115,16 +165,21 @@ async fn run_group(name: &str, group: Vec<Pending>, f: &BatchFn, stats: &Functio
         }
     };
     let args = group[0].call.args.clone();
-    let f = f.clone();
-    let result = match tokio::task::spawn_blocking(move || f(stacked, &args)).await {
-        Ok(r) => r,
-        Err(e) => Err(Status::internal(format!("batched function {name} failed: {e}"))),
+    let result = if inline {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(stacked, &args)))
+            .unwrap_or_else(|_| Err(Status::internal(format!("batched function {name} panicked"))))
+    } else {
+        let f = f.clone();
+        match tokio::task::spawn_blocking(move || f(stacked, &args)).await {
+            Ok(r) => r,
+            Err(e) => Err(Status::internal(format!("batched function {name} failed: {e}"))),
+        }
     };
-    let result = result.and_then(|outs| split(name, outs, n));
+    let result = result.and_then(|outs| split(name, outs, &group));
     stats.record(started.elapsed(), result.is_ok(), n as u64);
     match result {
-        Ok(per_example) => {
-            for (p, tensors) in group.into_iter().zip(per_example) {
+        Ok(per_caller) => {
+            for (p, tensors) in group.into_iter().zip(per_caller) {
                 let _ = p.reply.send(Ok(Output::tensors(tensors)));
             }
         }
@@ -136,29 +191,41 @@ async fn run_group(name: &str, group: Vec<Pending>, f: &BatchFn, stats: &Functio
     }
 }
 
-/// Stacks the i-th input of every example into one tensor with a leading batch dimension.
+/// Stacks the i-th input of every example into one tensor with a leading
+/// batch dimension (a single pre-stacked caller passes through uncopied).
 fn stack(group: &[Pending]) -> Result<Vec<Tensor>, Status> {
-    let n = group.len();
+    if let [only] = group
+        && only.stacked > 0
+    {
+        return Ok(only.call.inputs.clone());
+    }
+    let n: usize = group.iter().map(Pending::examples).sum();
     let arity = group[0].call.inputs.len();
     (0..arity)
         .map(|i| {
             let first = &group[0].call.inputs[i];
-            let each = first.nbytes();
+            let inner: &[usize] = if group[0].stacked > 0 { &first.shape()[1..] } else { first.shape() };
+            let each = tensorwire_codecs::tensor::byte_size(first.dtype(), inner)?;
             let mut buf = AlignedBuf::zeroed(each * n);
-            for (j, p) in group.iter().enumerate() {
+            let mut at = 0;
+            for p in group {
                 let bytes = p.call.inputs[i].to_contiguous_bytes()?;
-                buf.as_mut_slice()[j * each..(j + 1) * each].copy_from_slice(&bytes);
+                let len = each * p.examples();
+                buf.as_mut_slice()[at..at + len].copy_from_slice(&bytes);
+                at += len;
             }
             let mut shape = vec![n];
-            shape.extend_from_slice(first.shape());
+            shape.extend_from_slice(inner);
             Ok(Tensor::new(first.dtype(), shape, buf.freeze())?)
         })
         .collect()
 }
 
-/// Splits each output along its leading dimension into per-example tensors.
-fn split(name: &str, outs: Vec<Tensor>, n: usize) -> Result<Vec<Vec<Tensor>>, Status> {
-    let mut per: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(outs.len())).collect();
+/// Splits each output along its leading dimension back to the callers:
+/// one row each, or a stacked block for callers that sent several.
+fn split(name: &str, outs: Vec<Tensor>, group: &[Pending]) -> Result<Vec<Vec<Tensor>>, Status> {
+    let n: usize = group.iter().map(Pending::examples).sum();
+    let mut per: Vec<Vec<Tensor>> = (0..group.len()).map(|_| Vec::with_capacity(outs.len())).collect();
     for o in outs {
         if o.shape().first() != Some(&n) {
             return Err(Status::internal(format!(
@@ -168,8 +235,12 @@ fn split(name: &str, outs: Vec<Tensor>, n: usize) -> Result<Vec<Vec<Tensor>>, St
         }
         let o = o.contiguous()?;
         let inner: Vec<usize> = o.shape()[1..].to_vec();
-        for (j, slot) in per.iter_mut().enumerate() {
-            slot.push(o.narrow(0, j, 1)?.reshape(inner.clone())?);
+        let mut at = 0;
+        for (p, slot) in group.iter().zip(per.iter_mut()) {
+            let k = p.examples();
+            let rows = o.narrow(0, at, k)?;
+            slot.push(if p.stacked > 0 { rows } else { rows.reshape(inner.clone())? });
+            at += k;
         }
     }
     Ok(per)

@@ -170,14 +170,28 @@ pub async fn calls_per_second(
     total: usize,
 ) -> Result<f64, crate::CallError> {
     let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| crate::CallError::InvalidArgument(e.to_string()))?;
+    function_calls_per_second(client, "identity", t, in_flight, total).await
+}
+
+/// Calls per second of `function` on `input` with `in_flight` calls
+/// outstanding on one connection, for `total` calls.
+pub async fn function_calls_per_second(
+    client: &Client,
+    function: &str,
+    input: Tensor,
+    in_flight: usize,
+    total: usize,
+) -> Result<f64, crate::CallError> {
+    let t = input;
+    let function: Arc<str> = Arc::from(function);
     let left = Arc::new(AtomicU64::new(total as u64));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(in_flight);
     for _ in 0..in_flight {
-        let (c, t, left) = (client.clone(), t.clone(), left.clone());
+        let (c, t, left, f) = (client.clone(), t.clone(), left.clone(), function.clone());
         tasks.push(tokio::spawn(async move {
             while left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
-                c.compute("identity", vec![t.clone()]).await?;
+                c.compute(&f, vec![t.clone()]).await?;
             }
             Ok::<_, crate::CallError>(())
         }));
@@ -254,6 +268,24 @@ impl Drop for ServerThread {
             let _ = j.join();
         }
     }
+}
+
+/// Functions for the batching benchmark: `double` (×2, one example per
+/// call) and `double_batched` (the same, batched up to `max_batch`); both run
+/// inline on the runtime thread, as functions this cheap should.
+pub fn batching_functions(max_batch: usize, max_wait: std::time::Duration) -> Vec<crate::Function> {
+    fn double(t: &Tensor) -> Result<Tensor, crate::Status> {
+        let v: Vec<f32> = t.as_slice::<f32>()?.iter().map(|x| x * 2.0).collect();
+        Ok(Tensor::from_vec(t.shape(), v)?)
+    }
+    vec![
+        crate::Function::inline("double", |c| Ok(double(&c.inputs[0])?.into())),
+        crate::Function::batched(
+            "double_batched",
+            crate::BatchConfig { max_batch, max_wait, inline: true, ..Default::default() },
+            |x, _| Ok(vec![double(&x[0])?]),
+        ),
+    ]
 }
 
 /// GiB per second for `bytes` moved in `d`.

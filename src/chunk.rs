@@ -90,8 +90,14 @@ impl Chunker {
     }
 
     fn take_payload(&mut self) -> Bytes {
-        let Some(front) = self.segments.front_mut() else { return Bytes::new() };
-        if front.len() > SMALL_SEGMENT {
+        if self.segments.is_empty() {
+            return Bytes::new();
+        }
+        // A large segment, or a small one not followed by another small one,
+        // is sliced in place.
+        let next_small = self.segments.get(1).is_some_and(|s| s.len() <= SMALL_SEGMENT);
+        let front = self.segments.front_mut().expect("checked");
+        if front.len() > SMALL_SEGMENT || !next_small || front.len() >= self.chunk_size {
             let n = front.len().min(self.chunk_size);
             let p = front.split_to(n);
             if front.is_empty() {
@@ -99,19 +105,17 @@ impl Chunker {
             }
             return p;
         }
-        // Merge small segments until the chunk is full or a large one follows.
-        let mut out = Vec::with_capacity(self.chunk_size.min(SMALL_SEGMENT * 2));
+        // Merge a run of small segments (codec headers) up to the chunk size.
+        let run: usize = self.segments.iter().take_while(|s| s.len() <= SMALL_SEGMENT).map(Bytes::len).sum();
+        let mut out = Vec::with_capacity(run.min(self.chunk_size));
         while let Some(s) = self.segments.front_mut() {
-            if s.len() > SMALL_SEGMENT && !out.is_empty() {
+            if s.len() > SMALL_SEGMENT || out.len() >= self.chunk_size {
                 break;
             }
             let n = s.len().min(self.chunk_size - out.len());
             out.extend_from_slice(&s.split_to(n));
             if s.is_empty() {
                 self.segments.pop_front();
-            }
-            if out.len() >= self.chunk_size {
-                break;
             }
         }
         Bytes::from(out)

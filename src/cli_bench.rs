@@ -6,7 +6,8 @@
 
 use clap::Args as ClapArgs;
 use tensorwire::bench::{
-    RawSocket, ServerThread, call_round_trips, calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time,
+    RawSocket, ServerThread, batching_functions, call_round_trips, calls_per_second, function_calls_per_second,
+    gib_per_s, raw_copy, raw_round_trips, send_time,
 };
 use tensorwire::builtins::builtin_functions;
 use tensorwire::{Client, ClientConfig, Server, ServerConfig};
@@ -34,6 +35,9 @@ pub struct BenchArgs {
     /// Calls for the calls-per-second figure (64 in flight on one connection).
     #[arg(long, default_value_t = 50_000)]
     calls: usize,
+    /// Examples for the batching figure (256 callers, 4 KiB inputs, over Unix); 0 skips it.
+    #[arg(long, default_value_t = 300_000)]
+    batch_examples: usize,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -151,6 +155,50 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 cps
             );
         }
+    }
+    if a.batch_examples > 0 {
+        batching(&a, &rt)?;
+    }
+    Ok(())
+}
+
+/// Examples per second of a cheap function (×2 on 1024 float32) with 256
+/// concurrent callers on one Unix connection: one call per example, and the
+/// same function batched (up to 64 per run; the client stacks concurrent calls).
+fn batching(a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Result<(), BoxError> {
+    let server = ServerThread::start(&listen_url("unix"), 1, || {
+        let mut b = Server::builder();
+        for f in batching_functions(64, std::time::Duration::from_millis(1)) {
+            b = b.function(f);
+        }
+        b
+    })?;
+    let client = rt.block_on(Client::connect(server.url()))?;
+    let x = tensorwire::Tensor::zeros(tensorwire::DType::Float32, [1024])?;
+    let rounds = a.rounds.max(1);
+    let (mut plain, mut batched) = (vec![], vec![]);
+    for _ in 0..rounds {
+        plain.push(rt.block_on(function_calls_per_second(&client, "double", x.clone(), 256, a.batch_examples / 3))?);
+        batched.push(rt.block_on(function_calls_per_second(
+            &client,
+            "double_batched",
+            x.clone(),
+            256,
+            a.batch_examples,
+        ))?);
+    }
+    let (p, b) = (median(plain), median(batched));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"batching_unbatched_per_s": p, "batching_batched_per_s": b, "callers": 256, "input_bytes": 4096})
+        );
+    } else {
+        println!();
+        println!(
+            "batching, 256 callers x 4 KiB over unix: unbatched {p:.0} examples/s, batched {b:.0} examples/s ({:.1}x)",
+            b / p
+        );
     }
     Ok(())
 }

@@ -61,6 +61,7 @@ pub(crate) struct ClientSession {
 struct ClientInner {
     endpoint: Endpoint,
     config: ClientConfig,
+    coalescer: crate::coalesce::Coalescer,
     current: RwLock<Option<Arc<ClientSession>>>,
     connecting: tokio::sync::Mutex<()>,
     stats: ClientStats,
@@ -116,6 +117,7 @@ impl Client {
             inner: Arc::new(ClientInner {
                 endpoint,
                 config,
+                coalescer: Default::default(),
                 current: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 stats: ClientStats::default(),
@@ -258,6 +260,15 @@ impl Client {
     async fn run<'a, T>(
         &'a self,
         opts: &CallOptions,
+        attempt: impl FnMut(Arc<ClientSession>, Arc<Sent>, Instant) -> Attempt<'a, T>,
+    ) -> Result<T, CallError> {
+        self.run_recorded(opts, true, attempt).await
+    }
+
+    async fn run_recorded<'a, T>(
+        &'a self,
+        opts: &CallOptions,
+        record: bool,
         mut attempt: impl FnMut(Arc<ClientSession>, Arc<Sent>, Instant) -> Attempt<'a, T>,
     ) -> Result<T, CallError> {
         let started = Instant::now();
@@ -278,7 +289,9 @@ impl Client {
             };
             match r {
                 Ok((v, server_time)) => {
-                    self.inner.stats.record(true, started.elapsed(), server_time);
+                    if record {
+                        self.inner.stats.record(true, started.elapsed(), server_time);
+                    }
                     return Ok(v);
                 }
                 Err(e) => {
@@ -291,7 +304,9 @@ impl Client {
                             continue;
                         }
                     }
-                    self.inner.stats.record(false, started.elapsed(), None);
+                    if record {
+                        self.inner.stats.record(false, started.elapsed(), None);
+                    }
                     return Err(e);
                 }
             }
@@ -454,13 +469,58 @@ impl Client {
         args: Args,
         opts: &CallOptions,
     ) -> Result<Output, CallError> {
-        let (inputs, args) = (&inputs, &args);
-        self.run(opts, move |s, sent, started| {
+        let plain = opts.timeout.is_none()
+            && !opts.idempotent
+            && opts.encoding.is_none()
+            && self.inner.config.timeout.is_none();
+        if plain && self.inner.config.coalesce {
+            if let Some(max_batch) = self.batched(function).await {
+                return self.inner.coalescer.call(self, function, max_batch, inputs, args).await;
+            }
+        }
+        self.call_inner(function, &inputs, &args, opts, 0, true).await
+    }
+
+    /// One wire call of `function`, not coalesced (`examples` > 0: the inputs
+    /// hold that many stacked examples). Not counted in the statistics: the
+    /// coalescer counts each caller.
+    pub(crate) async fn call_raw(
+        &self,
+        function: &str,
+        inputs: Vec<Tensor>,
+        args: Args,
+        examples: usize,
+    ) -> Result<Output, CallError> {
+        self.call_inner(function, &inputs, &args, &CallOptions::default(), examples, false).await
+    }
+
+    /// Counts one logical call (coalesced calls share wire calls).
+    pub(crate) fn record_logical_call(&self, ok: bool, took: Duration) {
+        self.inner.stats.record(ok, took, None);
+    }
+
+    /// `Some(max_batch)` when the server declared `function` batched in the handshake.
+    async fn batched(&self, function: &str) -> Option<usize> {
+        let s = self.session().await.ok()?;
+        s.welcome.batched_functions.get(function).map(|&n| n as usize).filter(|&n| n > 1)
+    }
+
+    async fn call_inner(
+        &self,
+        function: &str,
+        inputs: &[Tensor],
+        args: &Args,
+        opts: &CallOptions,
+        examples: usize,
+        record: bool,
+    ) -> Result<Output, CallError> {
+        self.run_recorded(opts, record, move |s, sent, started| {
             Box::pin(async move {
                 let (mut w, mut r) = self.open(&s, StreamKind::Call, opts).await?;
                 let mut req = self.request(Method::Call, opts, started);
                 req.function = function.to_string();
                 req.args = args.to_wire();
+                req.examples = examples as u32;
                 w.control(Kind::Request(Box::new(req)));
                 sent.set();
                 let sent_ok = send_all(&mut w, inputs).await;

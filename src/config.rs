@@ -113,6 +113,9 @@ pub struct ClientConfig {
     /// When set, tensor payload bytes sent and received are added here as
     /// each chunk moves (for progress bars).
     pub progress: Option<Arc<AtomicU64>>,
+    /// Stack concurrent calls of the same batched function into one call
+    /// (default true; see the `coalesce` notes on [`crate::Client::call`]).
+    pub coalesce: bool,
 }
 
 impl Default for ClientConfig {
@@ -126,6 +129,7 @@ impl Default for ClientConfig {
             auth_token: None,
             placement: true,
             progress: None,
+            coalesce: true,
         }
     }
 }

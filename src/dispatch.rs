@@ -82,6 +82,13 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         },
         None => work.await,
     };
+    // A handler that noticed the deadline and gave up reports it as such.
+    let result = match (result, deadline) {
+        (Err(s), Some(d)) if Instant::now() >= d && s.code != Code::DeadlineExceeded => Err(Status::deadline_exceeded(
+            format!("the call's deadline of {timeout_ms} ms passed on the server ({})", s.message),
+        )),
+        (r, _) => r,
+    };
     inner.stats.bytes_received.fetch_add(input.received().1, Ordering::Relaxed);
     inner.stats.bytes_sent.fetch_add(writer.bytes_sent, Ordering::Relaxed);
     match result {
@@ -143,6 +150,11 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         agent: format!("tensorwire/{VERSION}"),
         host_id: crate::host_id(),
         service_name: inner.config.service_name.clone(),
+        batched_functions: inner
+            .functions
+            .iter()
+            .filter_map(|f| f.batch_limit().map(|n| (f.name().to_string(), n as u32)))
+            .collect(),
     };
     let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
 }
@@ -210,7 +222,17 @@ async fn run_method(
         Method::Call | Method::Submit => {
             let inputs = inputs_of(input).await?;
             let f = inner.functions.get(&req.function)?.clone();
-            f.check(&inputs)?;
+            let stacked = req.examples as usize;
+            if stacked > 0 {
+                if inputs.iter().any(|t| t.shape().first() != Some(&stacked)) {
+                    return Err(Status::invalid_argument(format!(
+                        "{stacked} stacked examples need a leading dimension of {stacked}"
+                    )));
+                }
+                f.check_stacked(&inputs)?;
+            } else {
+                f.check(&inputs)?;
+            }
             let args = Args::from_wire(req.args.as_ref()).map_err(Status::invalid_argument)?;
             let call = Call { inputs, args, ctx: ctx.clone() };
             if method == Method::Submit {
@@ -218,7 +240,7 @@ async fn run_method(
                 return Ok(v1::Reply { task: Some(task_status(&id, &TaskState::Pending)), ..Default::default() });
             }
             let started = Instant::now();
-            let out = f.run(call).await?;
+            let out = if stacked > 0 { f.run_stacked(call, stacked).await? } else { f.run(call).await? };
             let server_time_us = started.elapsed().as_micros() as u64;
             for t in &out.tensors {
                 writer.send_tensor(t, true).await.map_err(Status::from)?;

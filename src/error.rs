@@ -273,6 +273,23 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// A copy of this error, for reporting one failure to several callers
+    /// (errors that hold an I/O error become their message).
+    pub fn duplicate(&self) -> CallError {
+        match self {
+            CallError::Remote(s) => CallError::Remote(s.clone()),
+            CallError::Stream(e) => CallError::Stream(e.clone()),
+            CallError::Protocol { peer, reason } => CallError::Protocol { peer: peer.clone(), reason: reason.clone() },
+            CallError::Decode(e) => CallError::Decode(e.clone()),
+            CallError::Limit { what, size, limit } => CallError::Limit { what, size: *size, limit: *limit },
+            CallError::Timeout(d) => CallError::Timeout(*d),
+            CallError::Unsupported(m) => CallError::Unsupported(m.clone()),
+            CallError::InvalidArgument(m) => CallError::InvalidArgument(m.clone()),
+            CallError::Connect(e) => CallError::Remote(Status::unavailable(e.to_string())),
+            CallError::Encode(e) => CallError::InvalidArgument(e.to_string()),
+        }
+    }
+
     /// The remote status, if the server sent one.
     pub fn status(&self) -> Option<&Status> {
         match self {

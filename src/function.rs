@@ -259,6 +259,32 @@ impl Function {
         }
     }
 
+    /// For batched functions, the largest batch.
+    pub fn batch_limit(&self) -> Option<usize> {
+        match &self.exec {
+            Exec::Batched(b) => Some(b.config().max_batch),
+            _ => None,
+        }
+    }
+
+    /// Runs a batched function on `examples` examples stacked in each
+    /// input's leading dimension (a client coalescing calls).
+    pub(crate) async fn run_stacked(&self, call: Call, examples: usize) -> Result<Output, Status> {
+        match &self.exec {
+            Exec::Batched(b) => b.submit_stacked(call, examples).await,
+            _ => Err(Status::invalid_argument(format!("{} is not batched: it takes one example per call", self.name))),
+        }
+    }
+
+    /// Checks stacked inputs against the signature, per example.
+    pub(crate) fn check_stacked(&self, inputs: &[Tensor]) -> Result<(), Status> {
+        let rows: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| t.narrow(0, 0, 1).and_then(|r| r.reshape(t.shape()[1..].to_vec())))
+            .collect::<Result<_, _>>()?;
+        self.check(&rows)
+    }
+
     /// Runs the function on `call` (signature already checked).
     pub(crate) async fn run(&self, call: Call) -> Result<Output, Status> {
         let started = Instant::now();

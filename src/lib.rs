@@ -107,6 +107,7 @@ pub mod bench;
 pub mod builtins;
 pub mod chunk;
 mod client;
+mod coalesce;
 pub mod config;
 mod connect;
 mod dispatch;

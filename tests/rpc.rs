@@ -350,3 +350,34 @@ async fn health_reports_not_serving_during_graceful_shutdown() {
     assert_eq!(in_flight.await.unwrap().unwrap().values, Value::from("finished"));
     shutdown.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_of_a_batched_function_are_coalesced_on_the_client() {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let cfg = BatchConfig { max_batch: 16, max_wait: Duration::from_millis(20), ..BatchConfig::default() };
+    let (server, _d) = start(Server::builder().function(batched("model", cfg, runs.clone())), "tcp").await;
+    let c = Client::connect(&server.url()).await.unwrap();
+    let calls = (0..100).map(|i| {
+        let c = c.clone();
+        async move {
+            let x = Tensor::from_vec([3], vec![i as f32, 0.5, -1.0]).unwrap();
+            let y = c.compute("model", vec![x]).await.unwrap();
+            assert_eq!(y[0].shape(), [3]);
+            assert_eq!(f32s(&y[0]), vec![i as f32 * 2.0 + 1.0, 2.0, -1.0]);
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.iter().sum::<usize>(), 100);
+    assert!(runs.iter().all(|&n| n <= 16), "{runs:?}");
+    // Each caller is counted, though far fewer calls crossed the wire.
+    let s = c.statistics();
+    assert_eq!((s.requests, s.successes), (100, 100));
+    let info = c.service_info().await.unwrap();
+    assert!(info.calls < 60, "{} wire calls for 100 examples", info.calls);
+    // Coalescing can be turned off.
+    let plain =
+        Client::connect_with(&server.url(), ClientConfig { coalesce: false, ..ClientConfig::default() }).await.unwrap();
+    let y = plain.compute("model", vec![Tensor::from_vec([3], vec![1.0f32; 3]).unwrap()]).await.unwrap();
+    assert_eq!(f32s(&y[0]), vec![3.0; 3]);
+}

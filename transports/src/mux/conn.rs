@@ -179,7 +179,11 @@ impl Shared {
             return;
         }
         let mut st = lock(&self.state);
-        if st.streams.remove(&id).is_some() && s.remote {
+        let removed = st.streams.remove(&id).is_some();
+        if removed {
+            self.writer.open_streams.fetch_sub(1, Ordering::Relaxed);
+        }
+        if removed && s.remote {
             st.remote_open -= 1;
         }
     }
@@ -482,6 +486,7 @@ impl MuxSend {
         })?;
         s.id.store(id, Ordering::Release);
         st.streams.insert(id, s.clone());
+        sh.writer.open_streams.fetch_add(1, Ordering::Relaxed);
         let r = sh.writer.write_or_push(frames(id));
         drop(st);
         r.map_err(fail)

@@ -170,6 +170,7 @@ fn stream_for_data(shared: &Arc<Shared>, id: u32) -> Result<Option<Arc<StreamSha
     st.remote_open += 1;
     let (s, rx) = shared.new_stream(id, true);
     st.streams.insert(id, s.clone());
+    shared.writer.open_streams.fetch_add(1, Ordering::Relaxed);
     drop(st);
     let incoming = Incoming {
         kind: None,

@@ -34,6 +34,9 @@ use crate::{FrameHeader, StreamError};
 const INLINE_PAYLOAD: usize = 8 << 10;
 /// Largest group of frames written directly by the caller's task.
 const DIRECT_MAX: usize = 64 << 10;
+/// Direct writes only while at most this many streams are open: with more
+/// calls in flight, queueing lets the writer send many of them per syscall.
+const DIRECT_STREAMS: usize = 4;
 
 /// A socket's write half that can also be written without waiting.
 pub trait MuxWrite: AsyncWrite + Unpin + Send + 'static {
@@ -150,13 +153,15 @@ pub(crate) struct Writer {
     slot: Mutex<Slot>,
     queued: AtomicUsize,
     tx: mpsc::UnboundedSender<Out>,
+    /// Streams open on the connection (kept by the connection).
+    pub(crate) open_streams: AtomicUsize,
 }
 
 impl Writer {
     pub(crate) fn new(io: Box<dyn MuxWrite>) -> (Self, mpsc::UnboundedReceiver<Out>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let slot = Slot { io: Some(io), leftover: BytesMut::new(), scratch: BytesMut::with_capacity(DIRECT_MAX) };
-        (Self { slot: Mutex::new(slot), queued: AtomicUsize::new(0), tx }, rx)
+        (Self { slot: Mutex::new(slot), queued: AtomicUsize::new(0), tx, open_streams: AtomicUsize::new(0) }, rx)
     }
 
     /// Queues one item for the writer task.
@@ -173,6 +178,7 @@ impl Writer {
         let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "connection closed");
         let size: Option<usize> = items.as_ref().iter().try_fold(0usize, |acc, o| Some(acc + o.direct_size()?));
         if let Some(size) = size.filter(|&s| s <= DIRECT_MAX)
+            && self.open_streams.load(Ordering::Relaxed) <= DIRECT_STREAMS
             && let Ok(mut slot) = self.slot.try_lock()
             && slot.io.is_some()
             && slot.leftover.is_empty()

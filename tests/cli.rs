@@ -1,0 +1,113 @@
+//! The `tensorwire` command line, as scripts use it: a real server process,
+//! send/fetch with --json, call, info, health, and graceful shutdown on SIGTERM.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tensorwire"))
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "tensorwire {args:?} failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn last_json(out: &str) -> Json {
+    serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
+}
+
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(url: &str) -> Served {
+    let child = bin().args(["serve", "--listen", url, "--log-level", "warn"]).stdout(Stdio::null()).spawn().unwrap();
+    let start = Instant::now();
+    while !bin().args(["health", "--to", url]).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap().success() {
+        assert!(start.elapsed() < Duration::from_secs(20), "server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Served(child)
+}
+
+#[test]
+fn send_fetch_call_info_health_and_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix://{}", dir.path().join("cli.sock").display());
+    let mut server = serve(&url);
+    let sent =
+        last_json(&run_ok(&["send", "--to", &url, "--random", "64,1024", "--dtype", "bf16", "--name", "w", "--json"]));
+    assert_eq!(sent["bytes"], 64 * 1024 * 2);
+    assert!(sent["seconds"].as_f64().unwrap() > 0.0 && sent["gib_per_s"].as_f64().unwrap() > 0.0);
+    let out = dir.path().join("w.pt");
+    let fetched =
+        last_json(&run_ok(&["fetch", "--from", &url, "--name", "w", "--out", out.to_str().unwrap(), "--json"]));
+    assert_eq!(fetched["crc32c"], sent["crc32c"], "sender and fetcher agree on the data");
+    assert_eq!(fetched["dtype"], "bfloat16");
+    assert!(out.exists());
+    // The written file goes back in with --file (and keeps its data).
+    let resent = last_json(&run_ok(&[
+        "send",
+        "--to",
+        &url,
+        "--file",
+        out.to_str().unwrap(),
+        "--name",
+        "w2",
+        "--count",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(resent["crc32c"], sent["crc32c"]);
+    assert_eq!(resent["bytes"], 3 * 64 * 1024 * 2);
+    let called = last_json(&run_ok(&[
+        "call",
+        "--to",
+        &url,
+        "scale",
+        "--input",
+        "random:4,4:f32",
+        "--arg",
+        "factor=2",
+        "--json",
+    ]));
+    assert_eq!(called["tensors"][0]["shape"], serde_json::json!([4, 4]));
+    let info = last_json(&run_ok(&["info", "--to", &url, "--json"]));
+    assert_eq!(info["service_name"], "tensorwire");
+    assert!(info["functions"].as_array().unwrap().iter().any(|f| f["name"] == "identity"));
+    // Graceful shutdown on SIGTERM: exit 0, then health fails.
+    let pid = server.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+    let health = bin().args(["health", "--to", &url]).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+    assert!(!health.success(), "health must fail once the server is gone");
+    assert!(!dir.path().join("cli.sock").exists(), "the socket file is cleaned up");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_clear_message() {
+    let out = bin().args(["send", "--to", "tcp://127.0.0.1:1", "--random", "2,x"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad shape"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin().args(["fetch", "--from", "bogus://x", "--name", "w"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
+    let out = bin()
+        .args(["send", "--to", "unix:///nonexistent/tw.sock", "--random", "2", "--dtype", "float33"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype"));
+}
