@@ -167,6 +167,7 @@ impl Client {
             return Ok(s);
         }
         let s = Arc::new(self.new_session().await?);
+        self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
         *self.inner.current.write().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
         Ok(s)
     }

@@ -91,6 +91,9 @@ struct ConnArgs {
     /// Accept the server certificate with this SHA-256 fingerprint (hex).
     #[arg(long)]
     pin_sha256: Option<String>,
+    /// Verify this name in the server certificate instead of the URL's host.
+    #[arg(long)]
+    server_name: Option<String>,
     /// Skip certificate verification. Development only: anyone can impersonate the server.
     #[arg(long)]
     insecure_dev: bool,
@@ -255,6 +258,7 @@ fn transport_config(a: &ConnArgs) -> TransportConfig {
     t.tls.ca_path = a.ca.clone();
     t.tls.pin_sha256 = a.pin_sha256.clone();
     t.tls.insecure_skip_verify_dangerous = a.insecure_dev;
+    t.tls.server_name = a.server_name.clone();
     t.tls.client_cert_path = a.client_cert.clone();
     t.tls.client_key_path = a.client_key.clone();
     if a.insecure_dev {

@@ -212,6 +212,7 @@ impl Server {
                 }
             }
         }
+        let releases = listeners.iter().filter_map(|l| l.release()).collect();
         let mut tasks: Vec<JoinHandle<()>> =
             listeners.into_iter().map(|l| tokio::spawn(accept_loop(self.inner.clone(), l))).collect();
         // Expired task results are dropped even when nobody asks about them.
@@ -228,7 +229,7 @@ impl Server {
         for e in &endpoints {
             tracing::info!(endpoint = %e, "listening");
         }
-        Ok(RunningServer { inner: self.inner, endpoints, tasks })
+        Ok(RunningServer { inner: self.inner, endpoints, tasks, releases })
     }
 }
 
@@ -237,6 +238,8 @@ pub struct RunningServer {
     inner: Arc<ServerInner>,
     endpoints: Vec<Endpoint>,
     tasks: Vec<JoinHandle<()>>,
+    /// Listeners whose address outlives them (QUIC) free it with these.
+    releases: Vec<futures_util::future::BoxFuture<'static, ()>>,
 }
 
 impl RunningServer {
@@ -294,6 +297,7 @@ impl RunningServer {
             }
         }
         self.close_all();
+        self.release().await;
     }
 
     /// Stops at once: closes the listeners (the addresses are free when this
@@ -306,6 +310,15 @@ impl RunningServer {
             let _ = t.await;
         }
         self.close_all();
+        self.release().await;
+    }
+
+    async fn release(&mut self) {
+        for r in self.releases.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(5), r).await.is_err() {
+                tracing::warn!("a listener's address was not released within 5 s");
+            }
+        }
     }
 
     fn begin_shutdown(&mut self) {
@@ -372,10 +385,14 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
     });
     if !info.stateless {
         // A client that never says Hello does not hold a connection forever.
-        let (c, s, t) = (conn.clone(), session.clone(), inner.config.handshake_timeout);
+        // (Weak: a closed connection must not be kept alive by this timer;
+        // a QUIC connection holds its listener's socket.)
+        let (c, s, t) = (Arc::downgrade(&conn), Arc::downgrade(&session), inner.config.handshake_timeout);
         tokio::spawn(async move {
             tokio::time::sleep(t).await;
-            if !s.handshaken.load(Ordering::Acquire) {
+            if let (Some(c), Some(s)) = (c.upgrade(), s.upgrade())
+                && !s.handshaken.load(Ordering::Acquire)
+            {
                 c.close(&format!("no handshake within {t:?}"));
             }
         });

@@ -84,6 +84,9 @@ pub struct Statistics {
     pub failures: u64,
     /// Retries made.
     pub retries: u64,
+    /// Connections made after the first (the server restarted, the
+    /// connection dropped or idled out, or [`crate::Client::disconnect`]).
+    pub reconnects: u64,
     /// Tensor payload bytes sent.
     pub bytes_sent: u64,
     /// Tensor payload bytes received.
@@ -107,6 +110,7 @@ pub(crate) struct ClientStats {
     pub(crate) successes: AtomicU64,
     pub(crate) failures: AtomicU64,
     pub(crate) retries: AtomicU64,
+    pub(crate) connects: AtomicU64,
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) bytes_received: AtomicU64,
     timing: Mutex<Timing>,
@@ -147,6 +151,7 @@ impl ClientStats {
             successes: self.successes.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
+            reconnects: self.connects.load(Ordering::Relaxed).saturating_sub(1),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             bytes_received: self.bytes_received.load(Ordering::Relaxed),
             latency_p50_ms: t.latency.quantile_ms(0.5),

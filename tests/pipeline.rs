@@ -363,7 +363,7 @@ macro_rules! transport_suite {
     )*};
 }
 
-transport_suite!(tcp => "tcp", unix => "unix");
+transport_suite!(tcp => "tcp", unix => "unix", quic => "quic");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_on_tcp() {
@@ -373,4 +373,24 @@ async fn random_bytes_on_tcp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_on_unix() {
     suite::random_bytes_on_the_socket("unix").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_datagrams_on_quic() {
+    // Garbage datagrams and a bogus QUIC Initial: quinn drops them, the
+    // server keeps serving.
+    let (server, _dir) = start(store_server(ServerConfig::default()), "quic").await;
+    let url = server.url();
+    let ep = transports::Endpoint::parse(&url).unwrap();
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for i in 0..200u32 {
+        let mut d: Vec<u8> = (0..1200u32).map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 7) as u8).collect();
+        if i % 2 == 0 {
+            d[0] = 0xc0; // long header, Initial
+            d[1..5].copy_from_slice(&1u32.to_be_bytes()); // QUIC v1
+        }
+        sock.send_to(&d, ep.authority()).await.unwrap();
+    }
+    let client = Client::connect(&url).await.unwrap();
+    assert!(client.health().await.unwrap());
 }

@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod python;
 
 use std::path::PathBuf;

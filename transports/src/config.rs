@@ -125,9 +125,12 @@ pub struct QuicConfig {
     pub congestion: Congestion,
     /// UDP socket buffer size to ask the OS for (default 8 MiB; the OS may cap it).
     pub udp_buffer: usize,
-    /// Keep-alive interval (default 5 s).
-    pub keep_alive: Duration,
-    /// Close the connection after this long without packets (default 30 s).
+    /// Send a keep-alive packet after this long without traffic (default
+    /// 5 s), so a live peer is never closed by the idle timeout; None: off.
+    pub keep_alive: Option<Duration>,
+    /// Close the connection after this long without any packet from the
+    /// peer (default 30 s): a peer that died or vanished from the network is
+    /// noticed within this time. The shorter of both sides' values applies.
     pub idle_timeout: Duration,
     /// Connections one tensor is striped across (default 1: no striping).
     pub stripes: usize,
@@ -141,7 +144,7 @@ impl Default for QuicConfig {
             send_window: 128 << 20,
             congestion: Congestion::Cubic,
             udp_buffer: 8 << 20,
-            keep_alive: Duration::from_secs(5),
+            keep_alive: Some(Duration::from_secs(5)),
             idle_timeout: Duration::from_secs(30),
             stripes: 1,
         }

@@ -32,8 +32,12 @@ pub mod config;
 pub mod endpoint;
 mod listener;
 pub mod mux;
+#[cfg(feature = "quic")]
+pub mod quic;
 #[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(feature = "tls")]
+pub mod tls;
 #[cfg(feature = "unix")]
 pub mod unix;
 
@@ -492,6 +496,14 @@ pub trait Listener: Send + 'static {
     async fn accept(&mut self) -> Result<Arc<dyn Connection>, AcceptError>;
     /// Where the listener is bound (port 0 resolved to the real port).
     fn local_endpoint(&self) -> Endpoint;
+    /// A future that closes what is left of the listener once it has been
+    /// dropped and its connections closed, and resolves when its address can
+    /// be bound again. Byte-stream listeners free their address on drop and
+    /// return None; a QUIC listener's UDP socket is shared by every
+    /// connection it accepted and outlives the listener until they drain.
+    fn release(&self) -> Option<futures_util::future::BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// A way to reach endpoints of one or more schemes. The built-in transports
@@ -507,14 +519,14 @@ pub trait Transport: Send + Sync + 'static {
     async fn listen(&self, endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError>;
 }
 
-/// The built-in transports: byte streams (TCP, Unix).
+/// The built-in transports compiled into this build (TCP, Unix, QUIC).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Builtin;
 
 #[async_trait]
 impl Transport for Builtin {
     fn schemes(&self) -> &'static [Scheme] {
-        &[Scheme::Tcp, Scheme::Unix]
+        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic]
     }
 
     async fn connect(
@@ -542,6 +554,8 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Tcp => tcp::connect(endpoint, config).await,
             #[cfg(feature = "unix")]
             Scheme::Unix => unix::connect(endpoint, config).await,
+            #[cfg(feature = "quic")]
+            Scheme::Quic => quic::connect(endpoint, config).await,
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
     };
@@ -559,6 +573,8 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
         Scheme::Tcp => tcp::listen(endpoint, config).await,
         #[cfg(feature = "unix")]
         Scheme::Unix => unix::listen(endpoint, config).await,
+        #[cfg(feature = "quic")]
+        Scheme::Quic => quic::listen(endpoint, config).await,
         other => Err(ListenError::NotEnabled { scheme: other, feature: other.feature() }),
     }
 }
