@@ -1,13 +1,14 @@
 //! Throughput of one tensor sent over TCP and Unix sockets (1, 64, 256 MiB)
 //! and the round trip of a 4 KiB call, each next to its raw-socket baseline
-//! in the same run. The server runs on its own thread and runtime; the
-//! client on the bench thread.
+//! in the same run; and 1 GiB over QUIC next to a raw quinn stream. The
+//! server runs on its own thread and runtime; the client on the bench thread.
+//! `cargo bench --bench transport -- quic` runs the QUIC group alone.
 
 mod ratio;
 
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use tensorwire::bench::{RawSocket, ServerThread, call_round_trips, raw_copy, raw_round_trips, send_time};
 use tensorwire::builtins::builtin_functions;
 use tensorwire::{Client, Server};
@@ -78,5 +79,61 @@ fn transports(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, transports);
+/// 1 GiB over QUIC on loopback: a raw quinn stream (same certificates,
+/// windows and congestion control), tensorwire over one connection, and
+/// tensorwire striped over two (with two runtime threads per side).
+#[cfg(feature = "quic")]
+fn quic_1gib(c: &mut Criterion) {
+    const GIB: usize = 1 << 30;
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let srv = server("quic");
+    let striped_srv = ServerThread::start("quic://127.0.0.1:0", 2, || {
+        let mut b = Server::builder();
+        for f in builtin_functions() {
+            b = b.function(f);
+        }
+        b
+    })
+    .unwrap();
+    let striped_url = format!("{}&stripes=2", striped_srv.url());
+    let ratios = ratio::Ratios::default();
+    let mut g = c.benchmark_group("throughput-1GiB/quic");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Bytes(GIB as u64));
+    g.bench_function("raw-quinn-stream", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("raw", iters, raw_copy(RawSocket::Quic, GIB, iters as usize).unwrap() * iters as u32)
+        })
+    });
+    // Clients connect per sample: a client whose runtime is not driven
+    // (while the baseline runs) sends no keep-alives and is timed out.
+    g.bench_function("tensorwire", |b| {
+        let client = single.block_on(Client::connect(srv.url())).unwrap();
+        b.iter_custom(|iters| {
+            ratios.record("tw", iters, single.block_on(send_time(&client, GIB, iters as usize)).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("tensorwire-2-stripes", |b| {
+        let striped = multi.block_on(Client::connect(&striped_url)).unwrap();
+        b.iter_custom(|iters| {
+            ratios.record(
+                "tw2",
+                iters,
+                multi.block_on(send_time(&striped, GIB, iters as usize)).unwrap() * iters as u32,
+            )
+        })
+    });
+    g.finish();
+    ratios.print_speed("quic 1GiB", "tw", "raw");
+    ratios.print_speed("quic 1GiB, 2 stripes", "tw2", "raw");
+}
+
+#[cfg(not(feature = "quic"))]
+fn quic_1gib(_: &mut Criterion) {}
+
+criterion_group!(benches, transports, quic_1gib);
 criterion_main!(benches);

@@ -14,11 +14,16 @@ use tensorwire::{Client, ClientConfig, Server, ServerConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+#[cfg(feature = "quic")]
+const DEFAULT_TRANSPORTS: &str = "tcp,unix,quic";
+#[cfg(not(feature = "quic"))]
+const DEFAULT_TRANSPORTS: &str = "tcp,unix";
+
 /// Options of `tensorwire bench`.
 #[derive(ClapArgs, Debug)]
 pub struct BenchArgs {
     /// Transports to measure.
-    #[arg(long, value_delimiter = ',', default_value = "tcp,unix")]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_TRANSPORTS)]
     transports: Vec<String>,
     /// Tensor sizes for throughput (K, M, G suffixes).
     #[arg(long, value_delimiter = ',', default_value = "1M,64M,256M")]
@@ -38,6 +43,11 @@ pub struct BenchArgs {
     /// Examples for the batching figure (256 callers, 4 KiB inputs, over Unix); 0 skips it.
     #[arg(long, default_value_t = 300_000)]
     batch_examples: usize,
+    /// QUIC only: also measure throughput with the connection striped over
+    /// this many QUIC connections (server and client then get 2 runtime
+    /// threads each, so that the stripes can use more than one core); 1 skips it.
+    #[arg(long, default_value_t = 2)]
+    stripes: usize,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -64,7 +74,49 @@ fn listen_url(scheme: &str) -> String {
 }
 
 fn baseline_for(scheme: &str) -> RawSocket {
-    if scheme.contains("unix") || scheme == "shm" { RawSocket::Unix } else { RawSocket::Tcp }
+    match scheme {
+        #[cfg(feature = "quic")]
+        "quic" => RawSocket::Quic,
+        s if s.contains("unix") || s == "shm" => RawSocket::Unix,
+        _ => RawSocket::Tcp,
+    }
+}
+
+/// QUIC striped over `a.stripes` connections, against the same single raw
+/// quinn stream, with two runtime threads on each side.
+#[cfg(feature = "quic")]
+fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), BoxError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let server = ServerThread::start(&listen_url("quic"), 2, || {
+        let mut b = Server::builder().config(ServerConfig::default());
+        for f in builtin_functions() {
+            b = b.function(f);
+        }
+        b
+    })?;
+    let mut cfg = ClientConfig::default();
+    cfg.transport.quic.stripes = a.stripes;
+    let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
+    let label = format!("quic×{}", a.stripes);
+    for &size in sizes {
+        let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
+        let (mut ours, mut base) = (vec![], vec![]);
+        for _ in 0..a.rounds.max(1) {
+            base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
+            ours.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
+        }
+        let (g, b) = (median(ours), median(base));
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"transport": "quic", "stripes": a.stripes, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
+            );
+        } else {
+            println!("{:<8} {:>8} {:>10.2} {:>10.2} {:>7.2}", label, human(size), g, b, g / b);
+        }
+    }
+    drop(client);
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -79,7 +131,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<8} {:>8} {:>10} {:>10} {:>7}   send one tensor vs raw socket copy, median of {rounds} alternating rounds",
+            "{:<8} {:>8} {:>10} {:>10} {:>7}   send one tensor vs raw socket copy (QUIC: raw quinn stream), median of {rounds} alternating rounds",
             "transport", "size", "GiB/s", "raw GiB/s", "ratio"
         );
     }
@@ -93,10 +145,8 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             b
         })
         .map_err(|e| format!("{scheme}: {e}"))?;
-        let mut cfg = ClientConfig::default();
-        // Loopback with the server's generated certificate (QUIC, grpcs).
-        cfg.transport.tls.insecure_skip_verify_dangerous = true;
-        let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
+        // The server's URL pins its generated certificate (QUIC, grpcs).
+        let client = rt.block_on(Client::connect_with(server.url(), ClientConfig::default()))?;
         let raw = baseline_for(scheme);
         for &size in &sizes {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
@@ -125,6 +175,11 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             p99.push(h.quantile_ms(0.99));
         }
         let cps = rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?;
+        // (After the latency figures: this client's runtime sleeps meanwhile.)
+        #[cfg(feature = "quic")]
+        if scheme == "quic" && a.stripes > 1 {
+            striped_rows(&a, &sizes, raw)?;
+        }
         latency_rows.push((scheme.clone(), median(p50), median(p99), median(b50), median(b99), cps));
         drop(client);
         drop(server);
@@ -132,7 +187,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     if !a.json {
         println!();
         println!(
-            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}   4 KiB identity call vs raw ping-pong",
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}   4 KiB identity call vs raw ping-pong (QUIC: one raw stream per round trip)",
             "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "calls/s@64"
         );
     }
@@ -204,11 +259,11 @@ fn batching(a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Result<(), BoxError>
 }
 
 fn human(n: usize) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
         format!("{}GiB", n >> 30)
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}KiB", n >> 10)
     } else {
         format!("{n}B")

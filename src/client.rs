@@ -474,10 +474,11 @@ impl Client {
             && !opts.idempotent
             && opts.encoding.is_none()
             && self.inner.config.timeout.is_none();
-        if plain && self.inner.config.coalesce {
-            if let Some(max_batch) = self.batched(function).await {
-                return self.inner.coalescer.call(self, function, max_batch, inputs, args).await;
-            }
+        if plain
+            && self.inner.config.coalesce
+            && let Some(max_batch) = self.batched(function).await
+        {
+            return self.inner.coalescer.call(self, function, max_batch, inputs, args).await;
         }
         self.call_inner(function, &inputs, &args, opts, 0, true).await
     }

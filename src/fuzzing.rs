@@ -72,13 +72,8 @@ pub fn mux_frames(data: &[u8]) {
     let mut buf = BytesMut::new();
     for part in [&data[..split], &data[split..]] {
         buf.extend_from_slice(part);
-        loop {
-            match dec.decode(&mut buf) {
-                Ok(Some(f)) => {
-                    let _ = FrameHeader::decode(f.meta);
-                }
-                Ok(None) | Err(_) => break,
-            }
+        while let Ok(Some(f)) = dec.decode(&mut buf) {
+            let _ = FrameHeader::decode(f.meta);
         }
     }
 }

@@ -94,7 +94,7 @@ fn files_written_by_tensorwire_load_in_torch() {
     }
     // A state dict with shared storage, a transposed view and an offset slice.
     let w = random_tensor(DType::Float32, &[4, 6], 100).unwrap();
-    let sd = vec![
+    let sd = [
         ("w".to_string(), w.clone()),
         ("w_t".to_string(), w.transpose(0, 1).unwrap()),
         ("row2".to_string(), w.narrow(0, 2, 1).unwrap().reshape([6]).unwrap()),

@@ -226,3 +226,145 @@ async fn every_congestion_controller_moves_tensors() {
         assert_same(&x, &client.fetch(FetchRequest::name("big")).await.unwrap()[0]);
     }
 }
+
+mod striping {
+    use super::*;
+    use bytes::Bytes;
+    use tensorwire::proto::v1::{self, frame_header::Kind};
+    use tensorwire::transports::quic::group::STRIPE_ALPN;
+    use tensorwire::transports::quic::{self, quinn};
+    use tensorwire::transports::{Connection, Frame, FrameHeader, Payload, StreamKind};
+
+    fn frame(i: u64, len: usize) -> Frame {
+        let payload: Vec<u8> = (0..len).map(|j| (j as u64).wrapping_mul(31).wrapping_add(i) as u8).collect();
+        Frame {
+            header: FrameHeader::new(Kind::Chunk(v1::Chunk { tensor_id: 7, index: i as u32, ..Default::default() })),
+            payload: Bytes::from(payload),
+        }
+    }
+
+    /// A transport-level echo server: every frame of every stream comes back, in order.
+    async fn echo_listener() -> (Endpoint, tokio::task::JoinHandle<()>) {
+        let ep = Endpoint::parse("quic://127.0.0.1:0").unwrap();
+        let mut l = transports::listen(&ep, &TransportConfig::default()).await.unwrap();
+        let url = l.local_endpoint();
+        let task = tokio::spawn(async move {
+            while let Ok(conn) = l.accept().await {
+                tokio::spawn(async move {
+                    while let Ok(mut inc) = conn.accept().await {
+                        tokio::spawn(async move {
+                            while let Ok(Some(r)) = inc.recv.recv().await {
+                                let Payload::Bytes(payload) = r.payload else { panic!("nothing was placed") };
+                                inc.send.send(Frame { header: r.header, payload }).await.unwrap();
+                            }
+                            inc.send.finish().await.unwrap();
+                        });
+                    }
+                });
+            }
+        });
+        (url, task)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn payloads_spread_over_every_stripe_and_frames_stay_in_order() {
+        let (url, _server) = echo_listener().await;
+        let striped = Endpoint::parse(&format!("{url}&stripes=3")).unwrap();
+        let conn = quic::connect(&striped, &TransportConfig::default()).await.unwrap();
+        assert_eq!(conn.stripes(), 3);
+        let conn: std::sync::Arc<dyn transports::Connection> = conn.clone();
+        // Two streams at once, mixing payloads above and below the striping
+        // threshold and empty ones.
+        let sizes: Vec<usize> = (0..60).map(|i| [1 << 20, 0, 4096, 300 << 10][i % 4]).collect();
+        let mut calls = Vec::new();
+        for _ in 0..2 {
+            let (conn, sizes) = (conn.clone(), sizes.clone());
+            calls.push(tokio::spawn(async move {
+                let (mut tx, mut rx) = conn.open(StreamKind::Exchange).await.unwrap();
+                let to_send = sizes.clone();
+                let sender = tokio::spawn(async move {
+                    for (i, &n) in to_send.iter().enumerate() {
+                        tx.send(frame(i as u64, n)).await.unwrap();
+                    }
+                    tx.finish().await.unwrap();
+                });
+                let mut i = 0u64;
+                while let Some(r) = rx.recv().await.unwrap() {
+                    let want = frame(i, sizes[i as usize]);
+                    assert_eq!(r.header, want.header, "frame {i} out of order");
+                    match r.payload {
+                        Payload::Bytes(b) => assert!(b == want.payload, "frame {i} payload differs"),
+                        other => panic!("{other:?}"),
+                    }
+                    i += 1;
+                }
+                sender.await.unwrap();
+                i
+            }));
+        }
+        for c in calls {
+            assert_eq!(c.await.unwrap(), 60);
+        }
+        // The echoes came back over all three connections: the server
+        // stripes its sends over the client's group too.
+        let concrete = quic::connect(&striped, &TransportConfig::default()).await.unwrap();
+        let (mut tx, mut rx) = concrete.open(StreamKind::Exchange).await.unwrap();
+        for i in 0..24 {
+            tx.send(frame(i, 1 << 20)).await.unwrap();
+        }
+        tx.finish().await.unwrap();
+        let mut n = 0;
+        while rx.recv().await.unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 24);
+        let per_conn = concrete.bytes_received();
+        assert_eq!(per_conn.len(), 3);
+        assert!(per_conn.iter().all(|&b| b > 4 << 20), "received per connection: {per_conn:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tensorwire_calls_over_a_striped_connection() {
+        let (server, _d) = start(store_server(ServerConfig::default()), "quic").await;
+        let mut cfg = ClientConfig::default();
+        cfg.transport.quic.stripes = 4;
+        let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+        let big = random_tensor(DType::Float32, &[16 << 20], 5).unwrap().with_name("big");
+        client.send(vec![big.clone()]).await.unwrap();
+        assert_same(&big, &client.fetch(FetchRequest::name("big")).await.unwrap()[0]);
+        let mut calls = Vec::new();
+        for i in 0..8 {
+            let c = client.clone();
+            calls.push(tokio::spawn(async move {
+                let x = random_tensor(DType::Int16, &[(1 << 20) + i], i as u64).unwrap();
+                let y = c.compute("identity", vec![x.clone()]).await.unwrap();
+                assert_same(&x, &y[0]);
+            }));
+        }
+        for c in calls {
+            c.await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stripe_with_a_wrong_token_is_refused() {
+        let (server, _d) = start(store_server(ServerConfig::default()), "quic").await;
+        let url = Endpoint::parse(&server.url()).unwrap();
+        let tls = TlsConfig { pin_sha256: url.query("pin-sha256").map(str::to_string), ..Default::default() };
+        let rustls_cfg = transports::tls::client_config(&tls, &[STRIPE_ALPN]).unwrap();
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls_cfg).unwrap();
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+        let conn = endpoint.connect(url.authority().parse().unwrap(), "localhost").unwrap().await.unwrap();
+        let mut s = conn.open_uni().await.unwrap();
+        let mut join = b"TWJ1".to_vec();
+        join.extend_from_slice(&[0x5a; 16]);
+        join.push(1);
+        s.write_all(&join).await.unwrap();
+        s.finish().unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(20), conn.closed()).await.unwrap();
+        assert!(e.to_string().contains("no group with this token"), "{e}");
+        // The server serves everyone else.
+        works(&server.url(), ClientConfig::default()).await;
+    }
+}

@@ -555,7 +555,7 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             #[cfg(feature = "unix")]
             Scheme::Unix => unix::connect(endpoint, config).await,
             #[cfg(feature = "quic")]
-            Scheme::Quic => quic::connect(endpoint, config).await,
+            Scheme::Quic => quic::connect(endpoint, config).await.map(|c| c as Arc<dyn Connection>),
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
     };

@@ -218,7 +218,7 @@ impl AcceptFirst for Arc<dyn Connection> {
         &self,
         tx: &mut Box<dyn tensorwire_transports::SendStream>,
     ) -> tensorwire_transports::Incoming {
-        let hello = FrameHeader::new(HKind::Request(Box::new(v1::Request::default())));
+        let hello = FrameHeader::new(HKind::Request(Box::default()));
         tx.send(Frame::header_only(hello)).await.unwrap();
         let mut inc = self.accept().await.unwrap();
         let first = inc.recv.recv().await.unwrap().unwrap();

@@ -23,6 +23,9 @@ use tensorwire_codecs::{DType, Tensor};
 use crate::builtins::random_tensor;
 use crate::{Client, Histogram};
 
+/// Largest warm-up transfer before a throughput measurement.
+const WARM_UP_BYTES: usize = 64 << 20;
+
 /// Which raw socket a baseline uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RawSocket {
@@ -30,6 +33,12 @@ pub enum RawSocket {
     Tcp,
     /// A Unix stream socket.
     Unix,
+    /// One raw quinn stream per copy on one QUIC connection, with the same
+    /// TLS (a self-signed certificate, pinned), windows, congestion
+    /// controller and socket buffers as tensorwire's QUIC transport
+    /// (default [`TransportConfig`](crate::TransportConfig)).
+    #[cfg(feature = "quic")]
+    Quic,
 }
 
 trait Duplex: Read + Write + Send + 'static {}
@@ -45,7 +54,13 @@ impl Drop for SocketFile {
     }
 }
 
-fn pair(kind: RawSocket) -> std::io::Result<(Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>)> {
+#[cfg(feature = "quic")]
+mod raw_quic;
+
+/// Two connected ends of a raw socket, and the socket file to remove after.
+type RawPair = (Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>);
+
+fn pair(kind: RawSocket) -> std::io::Result<RawPair> {
     match kind {
         RawSocket::Tcp => {
             let l = TcpListener::bind("127.0.0.1:0")?;
@@ -68,12 +83,18 @@ fn pair(kind: RawSocket) -> std::io::Result<(Box<dyn Duplex>, Box<dyn Duplex>, O
             let (b, _) = l.accept()?;
             Ok((Box::new(a), Box::new(b), Some(guard)))
         }
+        #[cfg(feature = "quic")]
+        RawSocket::Quic => Err(std::io::Error::other("QUIC has no socket pair")),
     }
 }
 
 /// Copies `bytes` through a raw socket `reps` times; returns the mean time
 /// per copy (connection setup excluded; the receive buffer is allocated per copy).
 pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<Duration> {
+    #[cfg(feature = "quic")]
+    if kind == RawSocket::Quic {
+        return raw_quic::copy(&crate::TransportConfig::default(), bytes, reps);
+    }
     let (mut tx, mut rx, _dir) = pair(kind)?;
     let src = vec![7u8; bytes.min(1 << 20)];
     let reader = std::thread::spawn(move || -> std::io::Result<Duration> {
@@ -113,6 +134,10 @@ pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<D
 /// Round trips of a `size`-byte message through a raw socket (echoed by a
 /// second thread); returns the latency histogram.
 pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Result<Histogram> {
+    #[cfg(feature = "quic")]
+    if kind == RawSocket::Quic {
+        return raw_quic::round_trips(&crate::TransportConfig::default(), size, reps);
+    }
     let (mut a, mut b, _dir) = pair(kind)?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = vec![0u8; size];
@@ -138,7 +163,9 @@ pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Re
 /// Mean time to `send` one tensor of `bytes` to the server behind `client`.
 pub async fn send_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, crate::CallError> {
     let t = random_tensor(DType::UInt8, &[bytes], 1).map_err(crate::CallError::Remote)?;
-    client.send(vec![t.clone()]).await?; // warm up (connection, allocator)
+    // Warm up (connection, congestion window, allocator).
+    let warm = random_tensor(DType::UInt8, &[bytes.min(WARM_UP_BYTES)], 1).map_err(crate::CallError::Remote)?;
+    client.send(vec![warm]).await?;
     let start = Instant::now();
     for _ in 0..reps {
         client.send(vec![t.clone()]).await?;

@@ -1,0 +1,418 @@
+//! Connections and logical streams over QUIC.
+//!
+//! A logical stream is one bidirectional QUIC stream on the primary
+//! connection. Each frame on it is
+//!
+//! ```text
+//!  u32 LE: stripe (high 8 bits) | header length (low 24 bits)
+//!  u32 LE: payload length
+//!  header (protobuf FrameHeader)
+//!  payload, when stripe = 0
+//! ```
+//!
+//! With stripe = i > 0 the payload is the next `payload length` bytes of the
+//! stream's stripe stream on connection i of its [`Group`] instead. The end
+//! of the logical stream is the QUIC stream's FIN.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use quinn::VarInt;
+
+use super::conn_error;
+use super::group::{Group, STRIPE_MIN_PAYLOAD};
+use crate::{
+    Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
+    StreamError, StreamKind, TransportConfig,
+};
+
+/// Largest header length the 24-bit field holds.
+const MAX_META: u32 = (1 << 24) - 1;
+
+/// A QUIC connection (with its stripes, if any); keeps a client's endpoints alive.
+pub struct QuicConnection {
+    conn: quinn::Connection,
+    group: Arc<Group>,
+    _endpoints: Vec<quinn::Endpoint>,
+    peer: String,
+    max_meta: u32,
+    max_payload: u32,
+}
+
+impl QuicConnection {
+    pub(crate) fn new(
+        conn: quinn::Connection,
+        group: Arc<Group>,
+        endpoints: Vec<quinn::Endpoint>,
+        config: &TransportConfig,
+    ) -> Self {
+        let peer = conn.remote_address().to_string();
+        Self {
+            conn,
+            group,
+            _endpoints: endpoints,
+            peer,
+            max_meta: config.max_header_bytes.min(MAX_META),
+            max_payload: config.max_frame_payload,
+        }
+    }
+
+    /// Connections carrying this one's streams: 1 + joined stripes.
+    pub fn stripes(&self) -> usize {
+        let mut v = Vec::new();
+        self.group.live_stripes(&mut v);
+        1 + v.len()
+    }
+
+    /// UDP payload bytes received on each connection of the group (primary
+    /// first; 0 for a stripe not joined): shows how the load spread.
+    pub fn bytes_received(&self) -> Vec<u64> {
+        (0..self.group.size()).map(|i| self.group.conn(i as u8).map_or(0, |c| c.stats().udp_rx.bytes)).collect()
+    }
+
+    fn halves(&self, send: quinn::SendStream, recv: quinn::RecvStream) -> (Box<dyn SendStream>, Box<dyn RecvStream>) {
+        let wire_id = u64::from(VarInt::from(send.id()));
+        let id = send.id().index();
+        (
+            Box::new(QuicSend {
+                inner: send,
+                group: self.group.clone(),
+                stripes: Vec::new(),
+                live: Vec::new(),
+                turn: 0,
+                peer: self.peer.clone(),
+                id,
+                wire_id,
+            }),
+            Box::new(QuicRecv {
+                inner: recv,
+                group: self.group.clone(),
+                stripes: Vec::new(),
+                peer: self.peer.clone(),
+                id,
+                wire_id,
+                max_meta: self.max_meta,
+                max_payload: self.max_payload,
+                placement: None,
+            }),
+        )
+    }
+}
+
+impl Drop for QuicConnection {
+    fn drop(&mut self) {
+        self.group.close("connection dropped");
+    }
+}
+
+#[async_trait]
+impl Connection for QuicConnection {
+    async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+        let (s, r) = self.conn.open_bi().await.map_err(|e| conn_error(&self.peer, &e))?;
+        Ok(self.halves(s, r))
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        let (s, r) = self.conn.accept_bi().await.map_err(|e| conn_error(&self.peer, &e))?;
+        let (send, recv) = self.halves(s, r);
+        Ok(Incoming { kind: None, send, recv })
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        ConnectionInfo {
+            transport: "quic",
+            peer: self.peer.clone(),
+            max_frame_payload: self.max_payload.into(),
+            local: self.conn.remote_address().ip().is_loopback(),
+            stateless: false,
+        }
+    }
+
+    fn close(&self, reason: &str) {
+        self.group.close(reason);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.conn.close_reason().is_some()
+    }
+
+    async fn closed(&self) {
+        self.conn.closed().await;
+    }
+}
+
+struct QuicSend {
+    inner: quinn::SendStream,
+    group: Arc<Group>,
+    /// Stripe streams opened so far, by stripe index (0 unused).
+    stripes: Vec<Option<quinn::SendStream>>,
+    /// Scratch: live stripe indices.
+    live: Vec<u8>,
+    turn: usize,
+    peer: String,
+    id: u64,
+    wire_id: u64,
+}
+
+fn write_error(peer: &str, id: u64, e: quinn::WriteError) -> StreamError {
+    match e {
+        quinn::WriteError::Stopped(code) => {
+            StreamError::Stopped { peer: peer.into(), stream: id, code: code.into_inner() as u32 }
+        }
+        quinn::WriteError::ConnectionLost(c) => conn_error(peer, &c),
+        quinn::WriteError::ClosedStream => StreamError::Finished { peer: peer.into(), stream: id },
+        other => StreamError::Protocol { peer: peer.into(), reason: other.to_string() },
+    }
+}
+
+fn head(f: &Frame, stripe: u8) -> Bytes {
+    let meta_len = f.header.encoded_len();
+    let mut head = BytesMut::with_capacity(8 + meta_len);
+    head.put_u32_le((u32::from(stripe) << 24) | meta_len as u32);
+    head.put_u32_le(f.payload.len() as u32);
+    f.header.encode(&mut head).expect("BytesMut grows");
+    head.freeze()
+}
+
+impl QuicSend {
+    /// The stripe (0: inline) for a payload of `len` bytes: large payloads
+    /// go round-robin over the primary and the live stripes.
+    fn pick(&mut self, len: usize) -> u8 {
+        if len < STRIPE_MIN_PAYLOAD || self.group.size() < 2 {
+            return 0;
+        }
+        let mut live = std::mem::take(&mut self.live);
+        self.group.live_stripes(&mut live);
+        let n = live.len() + 1;
+        let turn = self.turn % n;
+        self.turn = self.turn.wrapping_add(1);
+        let s = if turn == 0 { 0 } else { live[turn - 1] };
+        self.live = live;
+        s
+    }
+
+    async fn stripe(&mut self, s: u8) -> Result<&mut quinn::SendStream, StreamError> {
+        let i = usize::from(s);
+        if self.stripes.len() <= i {
+            self.stripes.resize_with(i + 1, || None);
+        }
+        if self.stripes[i].is_none() {
+            let conn = self.group.conn(s).ok_or_else(|| StreamError::ConnectionClosed {
+                peer: self.peer.clone(),
+                reason: format!("stripe {s} is gone"),
+            })?;
+            let mut st = conn.open_uni().await.map_err(|e| conn_error(&self.peer, &e))?;
+            st.write_chunk(Bytes::copy_from_slice(&self.wire_id.to_le_bytes()))
+                .await
+                .map_err(|e| write_error(&self.peer, self.id, e))?;
+            self.stripes[i] = Some(st);
+        }
+        Ok(self.stripes[i].as_mut().expect("opened above"))
+    }
+}
+
+#[async_trait]
+impl SendStream for QuicSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        self.send_batch(vec![frame], false).await
+    }
+
+    async fn send_last(&mut self, frame: Frame) -> Result<(), StreamError> {
+        self.send_batch(vec![frame], true).await
+    }
+
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let mut chunks = Vec::with_capacity(frames.len() * 2);
+        for f in frames {
+            let s = self.pick(f.payload.len());
+            chunks.push(head(&f, s));
+            if s == 0 {
+                if !f.payload.is_empty() {
+                    chunks.push(f.payload);
+                }
+                continue;
+            }
+            // Headers stay in order on the primary; this payload goes on stripe s.
+            self.inner.write_all_chunks(&mut chunks).await.map_err(|e| write_error(&self.peer, self.id, e))?;
+            chunks.clear();
+            let (peer, id) = (self.peer.clone(), self.id);
+            let stripe = self.stripe(s).await?;
+            stripe.write_chunk(f.payload).await.map_err(|e| write_error(&peer, id, e))?;
+        }
+        self.inner.write_all_chunks(&mut chunks).await.map_err(|e| write_error(&self.peer, self.id, e))?;
+        if fin {
+            self.finish().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        // Finishing twice has nothing left to do.
+        let _ = self.inner.finish();
+        for s in self.stripes.iter_mut().flatten() {
+            let _ = s.finish();
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self, code: u32) {
+        let _ = self.inner.reset(VarInt::from_u32(code));
+        for s in self.stripes.iter_mut().flatten() {
+            let _ = s.reset(VarInt::from_u32(code));
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+struct QuicRecv {
+    inner: quinn::RecvStream,
+    group: Arc<Group>,
+    /// Stripe streams received so far, by stripe index (0 unused).
+    stripes: Vec<Option<quinn::RecvStream>>,
+    peer: String,
+    id: u64,
+    wire_id: u64,
+    max_meta: u32,
+    max_payload: u32,
+    placement: Option<Placement>,
+}
+
+impl Drop for QuicRecv {
+    fn drop(&mut self) {
+        if self.group.size() > 1 {
+            self.group.forget(self.wire_id);
+        }
+    }
+}
+
+fn read_error(peer: &str, id: u64, e: quinn::ReadError) -> StreamError {
+    match e {
+        quinn::ReadError::Reset(code) => {
+            StreamError::Reset { peer: peer.into(), stream: id, code: code.into_inner() as u32 }
+        }
+        quinn::ReadError::ConnectionLost(c) => conn_error(peer, &c),
+        other => StreamError::Protocol { peer: peer.into(), reason: other.to_string() },
+    }
+}
+
+fn exact_error(peer: &str, id: u64, e: quinn::ReadExactError, what: &str) -> StreamError {
+    match e {
+        quinn::ReadExactError::FinishedEarly(n) => {
+            StreamError::Protocol { peer: peer.into(), reason: format!("stream ended {n} bytes into a {what}") }
+        }
+        quinn::ReadExactError::ReadError(e) => read_error(peer, id, e),
+    }
+}
+
+/// Reads `len` bytes; often one chunk holds them all, and then with no copy.
+async fn read_payload(r: &mut quinn::RecvStream, len: usize, peer: &str, id: u64) -> Result<Bytes, StreamError> {
+    let mut out: Option<BytesMut> = None;
+    let mut first: Option<Bytes> = None;
+    let mut got = 0;
+    while got < len {
+        let chunk = r.read_chunk(len - got, true).await.map_err(|e| read_error(peer, id, e))?;
+        let Some(chunk) = chunk else {
+            return Err(StreamError::Protocol {
+                peer: peer.into(),
+                reason: format!("stream ended {got} bytes into a {len} byte payload"),
+            });
+        };
+        got += chunk.bytes.len();
+        match (&mut out, first.take()) {
+            (None, None) if got == len => return Ok(chunk.bytes),
+            (None, None) => first = Some(chunk.bytes),
+            (None, Some(f)) => {
+                let mut b = BytesMut::with_capacity(len);
+                b.extend_from_slice(&f);
+                b.extend_from_slice(&chunk.bytes);
+                out = Some(b);
+            }
+            (Some(b), _) => b.extend_from_slice(&chunk.bytes),
+        }
+    }
+    Ok(out.map(BytesMut::freeze).or(first).unwrap_or_default())
+}
+
+impl QuicRecv {
+    /// The stream payloads of stripe `s` arrive on.
+    async fn source(&mut self, s: u8) -> Result<&mut quinn::RecvStream, StreamError> {
+        if s == 0 {
+            return Ok(&mut self.inner);
+        }
+        let i = usize::from(s);
+        if i >= self.group.size() {
+            return Err(StreamError::Protocol {
+                peer: self.peer.clone(),
+                reason: format!("a payload on stripe {s}, but the connection has {} stripes", self.group.size()),
+            });
+        }
+        if self.stripes.len() <= i {
+            self.stripes.resize_with(i + 1, || None);
+        }
+        if self.stripes[i].is_none() {
+            self.stripes[i] = Some(self.group.take(self.wire_id, s, &self.peer).await?);
+        }
+        Ok(self.stripes[i].as_mut().expect("taken above"))
+    }
+}
+
+#[async_trait]
+impl RecvStream for QuicRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        let (peer, id) = (self.peer.clone(), self.id);
+        let mut h = [0u8; 8];
+        match self.inner.read_exact(&mut h).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+            Err(e) => return Err(exact_error(&peer, id, e, "frame head")),
+        }
+        let first = u32::from_le_bytes(h[..4].try_into().expect("4"));
+        let (stripe, meta_len) = ((first >> 24) as u8, first & MAX_META);
+        let payload_len = u32::from_le_bytes(h[4..].try_into().expect("4"));
+        if meta_len > self.max_meta || payload_len > self.max_payload {
+            let (what, size, limit) = if meta_len > self.max_meta {
+                ("frame header", meta_len, self.max_meta)
+            } else {
+                ("frame payload", payload_len, self.max_payload)
+            };
+            let _ = self.inner.stop(VarInt::from_u32(5));
+            return Err(StreamError::LimitExceeded { peer, what, size: size.into(), limit: limit.into() });
+        }
+        let mut meta = vec![0u8; meta_len as usize];
+        self.inner.read_exact(&mut meta).await.map_err(|e| exact_error(&peer, id, e, "frame header"))?;
+        let header = FrameHeader::decode(&meta[..]).map_err(|e| StreamError::Protocol {
+            peer: peer.clone(),
+            reason: format!("undecodable frame header: {e}"),
+        })?;
+        let len = payload_len as usize;
+        let place = match (&self.placement, header.placement_offset()) {
+            (Some(p), Some((tid, off))) if p.accepts(tid, off, len) => Some((p.clone(), off)),
+            _ => None,
+        };
+        let src = self.source(stripe).await?;
+        let payload = match place {
+            Some((p, off)) => {
+                let mut g = p.lock().await;
+                let dst = &mut g[off as usize..off as usize + len];
+                src.read_exact(dst).await.map_err(|e| exact_error(&peer, id, e, "payload"))?;
+                Payload::Placed { offset: off, len }
+            }
+            None if len == 0 => Payload::Bytes(Bytes::new()),
+            None => Payload::Bytes(read_payload(src, len, &peer, id).await?),
+        };
+        Ok(Some(Received { header, payload }))
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        self.placement = target;
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
