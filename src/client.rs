@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::{Stream, StreamExt};
 use tensorwire_codecs::{Compression, CompressionMode, Tensor, available_codecs};
 use tensorwire_proto::v1::{self, Method, frame_header::Kind};
-use tensorwire_transports::{ConnectError, Connection, ConnectionInfo, Endpoint, StreamKind};
+use tensorwire_transports::{ConnectError, Connection, ConnectionInfo, Endpoint, Scheme, StreamKind};
 
 use crate::config::{ClientConfig, Encoding};
 use crate::error::{CallError, Code, Status};
@@ -234,6 +234,12 @@ impl Client {
             response_codec: codec_to_wire(enc.codec) as i32,
             ..Default::default()
         };
+        // gRPC servers see no connection-wide Hello: every call proves itself.
+        if let Some(token) = &self.inner.config.auth_token
+            && matches!(self.inner.endpoint.scheme(), Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix)
+        {
+            req.auth_token = token.clone();
+        }
         // An explicit compression applies to the answer too (WAN links).
         if let CompressionMode::Fixed(c) = enc.compression {
             req.response_compression = compression_to_wire(c) as i32;

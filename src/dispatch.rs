@@ -54,6 +54,14 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         let s = Status::failed_precondition("handshake required: the first stream of a connection must carry Hello");
         return fail(&mut writer, s).await;
     }
+    // Stateless transports (gRPC) bind no calls to a Hello: each call
+    // carries the token itself.
+    if sess.info.stateless
+        && let Some(token) = &inner.config.auth_token
+        && !constant_time_eq(req.auth_token.as_bytes(), token.as_bytes())
+    {
+        return fail(&mut writer, Status::unauthenticated("missing or wrong auth token")).await;
+    }
     let method = Method::try_from(req.method).unwrap_or(Method::Unspecified);
     if !inner.serving.load(Ordering::Acquire) && !matches!(method, Method::Health | Method::Info) {
         return fail(&mut writer, Status::refused("the server is shutting down; the call was not processed")).await;
@@ -135,12 +143,16 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
     {
         return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
     }
-    *sess.caps.lock().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(PeerCaps {
-        limits: hello.limits,
-        codecs: Some(hello.codecs.clone()),
-        compressions: Some(hello.compressions.clone()),
-    });
-    sess.handshaken.store(true, Ordering::Release);
+    // A stateless session is shared by every client: one client's
+    // capabilities must not become everyone's.
+    if !sess.info.stateless {
+        *sess.caps.lock().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(PeerCaps {
+            limits: hello.limits,
+            codecs: Some(hello.codecs.clone()),
+            compressions: Some(hello.compressions.clone()),
+        });
+        sess.handshaken.store(true, Ordering::Release);
+    }
     let welcome = v1::Welcome {
         version: PROTOCOL_VERSION,
         codecs: available_codecs().into_iter().map(|c| codec_to_wire(c) as i32).collect(),
@@ -159,7 +171,7 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
     let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

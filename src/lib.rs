@@ -115,9 +115,12 @@ pub mod error;
 mod function;
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod info;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+mod pipe;
 pub mod retry;
 mod server;
 mod service;

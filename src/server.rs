@@ -197,7 +197,7 @@ impl Server {
         let mut listeners = Vec::new();
         for url in urls {
             let ep = Endpoint::parse(url.as_ref()).map_err(ListenError::from)?;
-            listeners.push(connect::listen(&ep, &self.inner.config.transport).await?);
+            listeners.push(connect::listen(&ep, &self.inner).await?);
         }
         if listeners.is_empty() {
             return Err(ServeError::NoListeners);

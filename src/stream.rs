@@ -109,6 +109,13 @@ impl FrameWriter {
         self.flush(true).await
     }
 
+    /// Abandons the stream: the peer sees a reset, never a clean end.
+    pub(crate) fn reset(&mut self, code: u32) {
+        self.pending.clear();
+        self.pending_bytes = 0;
+        self.send.reset(code);
+    }
+
     /// Sends anything held and ends the stream.
     pub(crate) async fn finish(&mut self) -> Result<(), CallError> {
         self.flush(true).await

@@ -274,11 +274,16 @@ mod suite {
         let e = error_of(&raw_call(&conn, StreamKind::Handshake, vec![hello(99)]).await);
         assert_eq!(e.code, v1::ErrorCode::UnsupportedVersion as i32);
         assert!(e.message.contains("version 99"), "{}", e.message);
-        // A call without a handshake on a fresh connection.
+        // A call without a handshake on a fresh connection (gRPC is
+        // stateless: every call stands alone, no handshake is required).
         let ep = transports::Endpoint::parse(&url).unwrap();
         let fresh = transports::connect(&ep, &Default::default()).await.unwrap();
-        let e = error_of(&raw_call(&fresh, StreamKind::Call, vec![request(v1::Method::Info)]).await);
-        assert_eq!(e.code, v1::ErrorCode::FailedPrecondition as i32);
+        let headers = raw_call(&fresh, StreamKind::Call, vec![request(v1::Method::Info)]).await;
+        if fresh.info().stateless {
+            assert!(matches!(headers.last().and_then(|h| h.kind.clone()), Some(Kind::Reply(_))), "{headers:?}");
+        } else {
+            assert_eq!(error_of(&headers).code, v1::ErrorCode::FailedPrecondition as i32);
+        }
         // And the server still serves a second client.
         let client = Client::connect(&url).await.unwrap();
         let x = Tensor::from_vec([3], vec![1u8, 2, 3]).unwrap();
@@ -363,7 +368,7 @@ macro_rules! transport_suite {
     )*};
 }
 
-transport_suite!(tcp => "tcp", unix => "unix", quic => "quic");
+transport_suite!(tcp => "tcp", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_on_tcp() {

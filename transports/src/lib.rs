@@ -24,12 +24,14 @@
 //! | `tcp` | yes | `tcp://host:port` | [`mux`] over a TCP socket (TCP_NODELAY, vectored writes) |
 //! | `unix` | yes | `unix:///path` | [`mux`] over a Unix stream socket |
 //! | `quic` | no | `quic://host:port` | quinn + rustls (ring) |
-//! | `grpc` | no | `grpc://`, `grpcs://`, `grpc+unix://` | tonic |
+//! | `grpc` | no | `grpc://`, `grpcs://`, `grpc+unix://` | [`grpc`]: tonic server, hyper HTTP/2 client, tuned windows |
 //! | `shm` | no | `shm://name` | mux over Unix + memfd segments passed by `SCM_RIGHTS` |
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod endpoint;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod listener;
 pub mod mux;
 #[cfg(feature = "quic")]
@@ -519,14 +521,14 @@ pub trait Transport: Send + Sync + 'static {
     async fn listen(&self, endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError>;
 }
 
-/// The built-in transports compiled into this build (TCP, Unix, QUIC).
+/// The built-in transports compiled into this build (TCP, Unix, QUIC, gRPC).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Builtin;
 
 #[async_trait]
 impl Transport for Builtin {
     fn schemes(&self) -> &'static [Scheme] {
-        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic]
+        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix]
     }
 
     async fn connect(
@@ -556,6 +558,8 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Unix => unix::connect(endpoint, config).await,
             #[cfg(feature = "quic")]
             Scheme::Quic => quic::connect(endpoint, config).await.map(|c| c as Arc<dyn Connection>),
+            #[cfg(feature = "grpc")]
+            Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::connect(endpoint, config).await,
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
     };
@@ -575,6 +579,8 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
         Scheme::Unix => unix::listen(endpoint, config).await,
         #[cfg(feature = "quic")]
         Scheme::Quic => quic::listen(endpoint, config).await,
+        #[cfg(feature = "grpc")]
+        Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::listen(endpoint, config).await,
         other => Err(ListenError::NotEnabled { scheme: other, feature: other.feature() }),
     }
 }

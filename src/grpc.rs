@@ -1,0 +1,689 @@
+//! What a gRPC listener serves beside `tensorwire.v1.TensorService`:
+//!
+//! - **`grpc.health.v1.Health`** (Check and Watch): overall status `""`,
+//!   `tensorwire.v1.TensorService` and `skytorch.torch.Service`, all
+//!   SERVING until graceful shutdown begins, NOT_SERVING from then on, so
+//!   `grpc-health-probe` and Kubernetes probes see a draining server.
+//! - **Server reflection** (`grpc.reflection.v1` and `v1alpha`), so
+//!   `grpcurl -plaintext host:port list` and `describe` work.
+//! - **`skytorch.torch.Service`**, the protocol of the Python tensor server
+//!   (`proto/skytorch/torch/service.proto`), served unchanged: existing
+//!   grpcio clients send `torch.save()` bytes in chunks and get them back.
+//!   Each compat call runs through the same dispatcher, handlers, limits
+//!   and statistics as a native call (`ReceiveTensors` → the service's
+//!   `send`, `SendTensors` → `fetch` with `count` and the request's
+//!   parameters, `StreamTensors` → `exchange`).
+//!
+//! [`CompatClient`] is the other direction: a Rust client for servers that
+//! speak the skytorch protocol (the Python seed server, or tensorwire).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tensorwire_codecs::torch::{self, SaveOptions, Value as TorchValue};
+use tensorwire_codecs::{CodecKind, CompressionMode, Tensor};
+use tensorwire_proto::compat::service_client::ServiceClient;
+use tensorwire_proto::compat::service_server::{Service as CompatApi, ServiceServer};
+use tensorwire_proto::compat::{TensorChunk, TensorRequest, TensorResponse};
+use tensorwire_proto::v1::{self, Method, frame_header::Kind};
+use tensorwire_transports::grpc::{self as tgrpc, GrpcChannel, Routes};
+use tensorwire_transports::{ConnectError, ConnectionInfo, Endpoint, Incoming, ListenError, Listener, StreamKind};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Streaming};
+
+use crate::config::{ClientConfig, Encoding, Limits};
+use crate::error::{CallError, Code, Status};
+use crate::pipe::pipe;
+use crate::server::{ServerInner, Session};
+use crate::stream::{FrameReader, FrameWriter, LinkEstimator, SharedCaps, TensorStream};
+
+/// The gRPC service names reported by the health service.
+pub const HEALTH_SERVICES: [&str; 3] = ["", "tensorwire.v1.TensorService", "skytorch.torch.Service"];
+
+/// Listens on a gRPC endpoint with every service of this module mounted.
+pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Box<dyn Listener>, ListenError> {
+    let config_err = |reason: String| ListenError::Config { endpoint: ep.to_string(), reason };
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for s in HEALTH_SERVICES {
+        reporter.set_service_status(s, tonic_health::ServingStatus::Serving).await;
+    }
+    let shutdown = inner.shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        for s in HEALTH_SERVICES {
+            reporter.set_service_status(s, tonic_health::ServingStatus::NotServing).await;
+        }
+    });
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tensorwire_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = reflection().build_v1().map_err(|e| config_err(format!("reflection: {e}")))?;
+    let v1alpha = reflection().build_v1alpha().map_err(|e| config_err(format!("reflection: {e}")))?;
+    let limit = tgrpc::message_limit(&inner.config.transport);
+    let compat = ServiceServer::new(Compat { inner: inner.clone(), next: AtomicU64::new(1) })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let routes = Routes::new(health).add_service(v1).add_service(v1alpha).add_service(compat);
+    tgrpc::listen_with(ep, &inner.config.transport, routes).await
+}
+
+// ---------------------------------------------------------------------------
+// Status mapping
+
+fn to_tonic(s: &Status) -> tonic::Status {
+    use tonic::Code as T;
+    let code = match s.code {
+        Code::InvalidArgument | Code::Protocol | Code::UnsupportedCodec => T::InvalidArgument,
+        Code::NotFound => T::NotFound,
+        Code::AlreadyExists => T::AlreadyExists,
+        Code::PermissionDenied => T::PermissionDenied,
+        Code::ResourceExhausted => T::ResourceExhausted,
+        Code::FailedPrecondition | Code::UnsupportedVersion => T::FailedPrecondition,
+        Code::Cancelled => T::Cancelled,
+        Code::DeadlineExceeded => T::DeadlineExceeded,
+        Code::Unimplemented => T::Unimplemented,
+        Code::Unavailable => T::Unavailable,
+        Code::DataLoss => T::DataLoss,
+        Code::Unauthenticated => T::Unauthenticated,
+        _ => T::Internal,
+    };
+    tonic::Status::new(code, s.message.clone())
+}
+
+fn from_tonic(s: &tonic::Status) -> Status {
+    use tonic::Code as T;
+    let code = match s.code() {
+        T::InvalidArgument | T::OutOfRange => Code::InvalidArgument,
+        T::NotFound => Code::NotFound,
+        T::AlreadyExists => Code::AlreadyExists,
+        T::PermissionDenied => Code::PermissionDenied,
+        T::ResourceExhausted => Code::ResourceExhausted,
+        T::FailedPrecondition | T::Aborted => Code::FailedPrecondition,
+        T::Cancelled => Code::Cancelled,
+        T::DeadlineExceeded => Code::DeadlineExceeded,
+        T::Unimplemented => Code::Unimplemented,
+        T::Unavailable => Code::Unavailable,
+        T::DataLoss => Code::DataLoss,
+        T::Unauthenticated => Code::Unauthenticated,
+        _ => Code::Internal,
+    };
+    Status::new(code, s.message().to_string())
+}
+
+fn call_status(e: CallError) -> tonic::Status {
+    to_tonic(&Status::from(e))
+}
+
+// ---------------------------------------------------------------------------
+// torch.save chunks
+
+/// Reassembles `TensorChunk`s (in any order, interleaved between tensors)
+/// into the `torch.save()` bytes of each tensor, within byte limits.
+pub(crate) struct Assembler {
+    partial: HashMap<String, Partial>,
+    max_bytes: u64,
+    buffered: u64,
+}
+
+#[derive(Default)]
+struct Partial {
+    chunks: BTreeMap<u32, Bytes>,
+    total: Option<u32>,
+    last: Option<u32>,
+    bytes: u64,
+    metadata: HashMap<String, String>,
+}
+
+/// Tensors being reassembled at once on one call, at most.
+const MAX_PARTIAL: usize = 256;
+
+impl Assembler {
+    /// Buffers at most `max_bytes` (per tensor and in all).
+    pub(crate) fn new(max_bytes: u64) -> Self {
+        Self { partial: HashMap::new(), max_bytes, buffered: 0 }
+    }
+
+    /// Adds a chunk; returns a tensor's bytes and first-chunk metadata once
+    /// all its chunks are in.
+    pub(crate) fn push(&mut self, c: TensorChunk) -> Result<Option<(Bytes, HashMap<String, String>)>, Status> {
+        let bad = |m: String| Status::new(Code::InvalidArgument, m);
+        if c.tensor_id.is_empty() {
+            return Err(bad("a chunk without a tensor_id".into()));
+        }
+        if !self.partial.contains_key(&c.tensor_id) && self.partial.len() >= MAX_PARTIAL {
+            return Err(Status::new(
+                Code::ResourceExhausted,
+                format!("more than {MAX_PARTIAL} tensors incomplete at once on one call"),
+            ));
+        }
+        let len = c.data.len() as u64;
+        if self.buffered + len > self.max_bytes {
+            return Err(Status::new(
+                Code::ResourceExhausted,
+                format!(
+                    "tensor {} and those incomplete with it exceed the limit of {} bytes",
+                    c.tensor_id, self.max_bytes
+                ),
+            ));
+        }
+        let id = c.tensor_id;
+        let p = self.partial.entry(id.clone()).or_default();
+        if c.total_chunks > 0 {
+            match p.total {
+                Some(t) if t != c.total_chunks => {
+                    return Err(bad(format!("tensor {id}: total_chunks changed from {t} to {}", c.total_chunks)));
+                }
+                _ => p.total = Some(c.total_chunks),
+            }
+        }
+        if let Some(t) = p.total
+            && c.chunk_number >= t
+        {
+            return Err(bad(format!("tensor {id}: chunk {} of a tensor with {t} chunks", c.chunk_number)));
+        }
+        if c.is_last {
+            p.last = Some(c.chunk_number);
+        }
+        if p.chunks.insert(c.chunk_number, c.data).is_some() {
+            return Err(bad(format!("tensor {id}: chunk {} sent twice", c.chunk_number)));
+        }
+        if p.metadata.is_empty() {
+            p.metadata = c.metadata;
+        }
+        p.bytes += len;
+        self.buffered += len;
+        let expected = p.total.or(p.last.map(|l| l + 1));
+        if expected != Some(p.chunks.len() as u32) {
+            return Ok(None);
+        }
+        let p = self.partial.remove(&id).unwrap_or_default();
+        self.buffered -= p.bytes;
+        if p.chunks.keys().copied().ne(0..p.chunks.len() as u32) {
+            return Err(bad(format!("tensor {id}: chunk numbers are not 0..{}", p.chunks.len())));
+        }
+        let bytes = if p.chunks.len() == 1 {
+            p.chunks.into_values().next().unwrap_or_default()
+        } else {
+            let mut b = BytesMut::with_capacity(p.bytes as usize);
+            for v in p.chunks.values() {
+                b.extend_from_slice(v);
+            }
+            b.freeze()
+        };
+        Ok(Some((bytes, p.metadata)))
+    }
+
+    /// Fails when a tensor was left incomplete.
+    pub(crate) fn finish(&self) -> Result<(), Status> {
+        match self.partial.iter().next() {
+            None => Ok(()),
+            Some((id, p)) => Err(Status::new(
+                Code::InvalidArgument,
+                format!(
+                    "the stream ended with tensor {id} incomplete ({} chunks of {})",
+                    p.chunks.len(),
+                    p.total.map_or("unknown".to_string(), |t| t.to_string())
+                ),
+            )),
+        }
+    }
+}
+
+/// Decodes `torch.save()` bytes of one tensor (safely: no pickle code runs).
+pub(crate) fn decode_tensor(bytes: Bytes, limits: &Limits) -> Result<Tensor, Status> {
+    let v = torch::load(bytes, &limits.decode_limits())
+        .map_err(|e| Status::new(Code::InvalidArgument, format!("not a torch.save() file: {e}")))?;
+    match v {
+        TorchValue::Tensor(t) => Ok(t),
+        other => match other.as_tensor() {
+            Some(t) => Ok(t.clone()),
+            None => Err(Status::new(Code::InvalidArgument, "the torch.save() data does not hold one tensor")),
+        },
+    }
+}
+
+fn random_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `torch.save()`s a tensor and cuts the bytes into chunks of at most
+/// `chunk` bytes; the first carries the seed's metadata.
+pub(crate) fn encode_chunks(t: &Tensor, chunk: usize) -> Result<Vec<TensorChunk>, Status> {
+    let chunk = chunk.max(1);
+    let pieces = torch::save(&TorchValue::Tensor(t.clone()), &SaveOptions::default())
+        .map_err(|e| Status::new(Code::Internal, format!("torch.save encoding failed: {e}")))?;
+    let size: usize = pieces.iter().map(Bytes::len).sum();
+    // Large pieces are sliced (no copy); small ones are gathered.
+    let mut out: Vec<Bytes> = Vec::with_capacity(size / chunk + 2);
+    let mut buf = BytesMut::new();
+    for mut p in pieces {
+        while !p.is_empty() {
+            if buf.is_empty() && p.len() >= chunk {
+                out.push(p.split_to(chunk));
+                continue;
+            }
+            let n = (chunk - buf.len()).min(p.len());
+            buf.extend_from_slice(&p.split_to(n));
+            if buf.len() == chunk {
+                out.push(buf.split().freeze());
+            }
+        }
+    }
+    if !buf.is_empty() {
+        out.push(buf.freeze());
+    }
+    let id = random_id();
+    let total = out.len() as u32;
+    let shape = format!("[{}]", t.shape().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+    Ok(out
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| TensorChunk {
+            tensor_id: id.clone(),
+            chunk_number: i as u32,
+            data,
+            total_chunks: total,
+            is_last: i as u32 + 1 == total,
+            metadata: if i == 0 {
+                HashMap::from([
+                    ("shape".to_string(), shape.clone()),
+                    ("dtype".to_string(), format!("torch.{}", t.dtype().name())),
+                    ("device".to_string(), t.device().to_string()),
+                    ("size_bytes".to_string(), size.to_string()),
+                ])
+            } else {
+                HashMap::new()
+            },
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------
+// The compat service
+
+struct Compat {
+    inner: Arc<ServerInner>,
+    next: AtomicU64,
+}
+
+type ChunkStream = ReceiverStream<Result<TensorChunk, tonic::Status>>;
+
+/// Both ends of one dispatched call.
+struct Piped {
+    writer: FrameWriter,
+    output: TensorStream,
+}
+
+impl Compat {
+    fn check_auth<T>(&self, req: &Request<T>) -> Result<(), tonic::Status> {
+        let Some(token) = &self.inner.config.auth_token else { return Ok(()) };
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if given
+            .strip_prefix("Bearer ")
+            .is_some_and(|g| crate::dispatch::constant_time_eq(g.as_bytes(), token.as_bytes()))
+        {
+            Ok(())
+        } else {
+            Err(tonic::Status::unauthenticated("missing or wrong auth token (metadata authorization: Bearer …)"))
+        }
+    }
+
+    fn chunk_size(&self) -> usize {
+        let c = &self.inner.config;
+        c.encoding.effective_chunk_size().min(c.transport.max_frame_payload as usize)
+    }
+
+    /// Starts `kind` in the dispatcher, as a native call from `peer` would.
+    async fn start(&self, kind: StreamKind, peer: String, request: v1::Request) -> Result<Piped, tonic::Status> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (to_server, server_in) = pipe(id, &peer);
+        let (server_out, from_server) = pipe(id, &peer);
+        let info = ConnectionInfo {
+            transport: "grpc",
+            peer: peer.clone(),
+            max_frame_payload: self.inner.config.transport.max_frame_payload.into(),
+            local: false,
+            stateless: true,
+        };
+        let session = Arc::new(Session {
+            info,
+            handshaken: AtomicBool::new(true),
+            caps: Mutex::new(SharedCaps::default()),
+            link: Arc::new(LinkEstimator::default()),
+        });
+        let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
+        tokio::spawn(crate::dispatch::handle_stream(self.inner.clone(), session, inc));
+        // Raw codec in the pipe: tensors pass as slices of their bytes.
+        let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };
+        let mut writer = FrameWriter::new(Box::new(to_server), enc, SharedCaps::default(), u64::MAX, None);
+        let mut request = request;
+        request.auth_token = self.inner.config.auth_token.clone().unwrap_or_default();
+        writer.control(Kind::Request(Box::new(request)));
+        writer.flush(false).await.map_err(call_status)?;
+        let limits = self.inner.config.limits.clone();
+        let output = TensorStream::new(FrameReader::new(Box::new(from_server), peer, limits, false), true);
+        Ok(Piped { writer, output })
+    }
+
+    fn peer<T>(req: &Request<T>) -> String {
+        req.remote_addr().map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
+    }
+}
+
+/// Feeds compat chunks into a call as tensors; ends the call's input.
+async fn feed(
+    mut chunks: Streaming<TensorChunk>,
+    writer: &mut FrameWriter,
+    limits: &Limits,
+) -> Result<u64, tonic::Status> {
+    let mut asm = Assembler::new(limits.max_tensor_bytes);
+    let mut n = 0;
+    while let Some(c) = chunks.message().await? {
+        if let Some((bytes, _meta)) = asm.push(c).map_err(|s| to_tonic(&s))? {
+            let t = decode_tensor(bytes, limits).map_err(|s| to_tonic(&s))?;
+            writer.send_tensor(&t, false).await.map_err(call_status)?;
+            n += 1;
+        }
+    }
+    asm.finish().map_err(|s| to_tonic(&s))?;
+    writer.finish().await.map_err(call_status)?;
+    Ok(n)
+}
+
+/// Streams a call's output tensors as compat chunks.
+fn drain(mut output: TensorStream, chunk: usize) -> ChunkStream {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Some(t) = output.next().await {
+            let chunks = t.map_err(call_status).and_then(|t| encode_chunks(&t, chunk).map_err(|s| to_tonic(&s)));
+            match chunks {
+                Ok(cs) => {
+                    for c in cs {
+                        if tx.send(Ok(c)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(s) => {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+#[tonic::async_trait]
+impl CompatApi for Compat {
+    async fn receive_tensors(
+        &self,
+        req: Request<Streaming<TensorChunk>>,
+    ) -> Result<Response<TensorResponse>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let request = v1::Request { method: Method::Send as i32, ..Default::default() };
+        let Piped { mut writer, mut output } = self.start(StreamKind::Send, peer, request).await?;
+        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits).await;
+        if fed.is_err() {
+            // The handler must not take a cut-off stream for a complete one.
+            writer.reset(1);
+        }
+        // The handler's verdict explains a failure better than the feed's.
+        let mut outcome = Ok(());
+        while let Some(t) = output.next().await {
+            if let Err(e) = t {
+                outcome = Err(call_status(e));
+                break;
+            }
+        }
+        fed?;
+        outcome?;
+        let reply = output.reply().cloned().unwrap_or_default();
+        Ok(Response::new(TensorResponse {
+            success: true,
+            message: reply.message,
+            received_count: i32::try_from(reply.received_count).unwrap_or(i32::MAX),
+        }))
+    }
+
+    type SendTensorsStream = ChunkStream;
+
+    async fn send_tensors(&self, req: Request<TensorRequest>) -> Result<Response<ChunkStream>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let TensorRequest { count, parameters } = req.into_inner();
+        let mut params: std::collections::HashMap<String, String> = parameters;
+        if count > 0 {
+            params.insert("count".into(), count.to_string());
+        }
+        let request = v1::Request { method: Method::Fetch as i32, params, ..Default::default() };
+        let Piped { mut writer, output } = self.start(StreamKind::Fetch, peer, request).await?;
+        writer.finish().await.map_err(call_status)?;
+        Ok(Response::new(drain(output, self.chunk_size())))
+    }
+
+    type StreamTensorsStream = ChunkStream;
+
+    async fn stream_tensors(
+        &self,
+        req: Request<Streaming<TensorChunk>>,
+    ) -> Result<Response<ChunkStream>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let request = v1::Request { method: Method::Exchange as i32, ..Default::default() };
+        let Piped { mut writer, output } = self.start(StreamKind::Exchange, peer, request).await?;
+        let limits = self.inner.config.limits.clone();
+        let chunks = req.into_inner();
+        tokio::spawn(async move {
+            if let Err(e) = feed(chunks, &mut writer, &limits).await {
+                tracing::debug!(error = %e, "compat StreamTensors input failed");
+                writer.reset(1);
+            }
+        });
+        Ok(Response::new(drain(output, self.chunk_size())))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The compat client
+
+/// What a skytorch server answers to [`CompatClient::send_tensors`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompatResponse {
+    /// The server's success flag.
+    pub success: bool,
+    /// Its message.
+    pub message: String,
+    /// Tensors it says it received.
+    pub received_count: i32,
+}
+
+/// A client of the skytorch protocol (`skytorch.torch.Service`): talks to
+/// existing Python tensor servers, or to a tensorwire gRPC server, over
+/// `grpc://`, `grpcs://` or `grpc+unix://`. Tensors travel as `torch.save()`
+/// bytes in chunks (1 MiB by default), as the Python client sends them.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tensorwire::CallError> {
+/// use tensorwire::{Tensor, grpc::CompatClient};
+/// let mut c = CompatClient::connect("grpc://127.0.0.1:50051").await?;
+/// let r = c.send_tensors(vec![Tensor::from_slice([2], &[1.0f32, 2.0])?]).await?;
+/// let back = c.receive_tensors(2, [("shape", "50,50")]).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct CompatClient {
+    client: ServiceClient<GrpcChannel>,
+    chunk_size: usize,
+    limits: Limits,
+    auth: Option<String>,
+}
+
+impl CompatClient {
+    /// Connects with default settings.
+    pub async fn connect(url: &str) -> Result<Self, CallError> {
+        Self::connect_with(url, &ClientConfig::default()).await
+    }
+
+    /// Connects with `config`'s transport settings (TLS, windows), limits,
+    /// chunk size and auth token (sent as `authorization: Bearer …`).
+    pub async fn connect_with(url: &str, config: &ClientConfig) -> Result<Self, CallError> {
+        let ep = Endpoint::parse(url).map_err(ConnectError::from)?;
+        if !matches!(
+            ep.scheme(),
+            tensorwire_transports::Scheme::Grpc
+                | tensorwire_transports::Scheme::Grpcs
+                | tensorwire_transports::Scheme::GrpcUnix
+        ) {
+            return Err(CallError::Unsupported(format!(
+                "the skytorch protocol is gRPC: use grpc://, grpcs:// or grpc+unix://, not {}://",
+                ep.scheme()
+            )));
+        }
+        let chan = tokio::time::timeout(config.transport.connect_timeout, tgrpc::channel(&ep, &config.transport))
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                endpoint: ep.to_string(),
+                after: config.transport.connect_timeout,
+            })??;
+        let limit = tgrpc::message_limit(&config.transport);
+        let origin = chan.origin().clone();
+        let client =
+            ServiceClient::with_origin(chan, origin).max_decoding_message_size(limit).max_encoding_message_size(limit);
+        Ok(Self {
+            client,
+            chunk_size: config.encoding.effective_chunk_size().min(config.transport.max_frame_payload as usize),
+            limits: config.limits.clone(),
+            auth: config.auth_token.clone(),
+        })
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        if let Some(token) = &self.auth
+            && let Ok(v) = format!("Bearer {token}").parse()
+        {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+
+    fn chunks_of(&self, tensors: Vec<Tensor>) -> Result<Vec<TensorChunk>, CallError> {
+        let mut out = Vec::new();
+        for t in &tensors {
+            out.extend(encode_chunks(t, self.chunk_size).map_err(CallError::Remote)?);
+        }
+        Ok(out)
+    }
+
+    async fn collect(&self, mut s: Streaming<TensorChunk>) -> Result<Vec<Tensor>, CallError> {
+        let mut asm = Assembler::new(self.limits.max_tensor_bytes);
+        let mut out = Vec::new();
+        while let Some(c) = s.message().await.map_err(|e| CallError::Remote(from_tonic(&e)))? {
+            if let Some((bytes, _)) = asm.push(c).map_err(CallError::Remote)? {
+                out.push(decode_tensor(bytes, &self.limits).map_err(CallError::Remote)?);
+            }
+        }
+        asm.finish().map_err(CallError::Remote)?;
+        Ok(out)
+    }
+
+    /// `ReceiveTensors`: streams the tensors to the server.
+    pub async fn send_tensors(&mut self, tensors: Vec<Tensor>) -> Result<CompatResponse, CallError> {
+        let chunks = self.chunks_of(tensors)?;
+        let req = self.request(tokio_stream::iter(chunks));
+        let r = self.client.receive_tensors(req).await.map_err(|e| CallError::Remote(from_tonic(&e)))?.into_inner();
+        Ok(CompatResponse { success: r.success, message: r.message, received_count: r.received_count })
+    }
+
+    /// `SendTensors`: asks for `count` tensors with `parameters` (the seed
+    /// server generates tensors of `shape`, e.g. `"50,50"`).
+    pub async fn receive_tensors<K: Into<String>, V: Into<String>>(
+        &mut self,
+        count: i32,
+        parameters: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Vec<Tensor>, CallError> {
+        let parameters = parameters.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let req = self.request(TensorRequest { count, parameters });
+        let s = self.client.send_tensors(req).await.map_err(|e| CallError::Remote(from_tonic(&e)))?.into_inner();
+        self.collect(s).await
+    }
+
+    /// `StreamTensors`: sends tensors and collects what the server's
+    /// processing returns.
+    pub async fn stream_tensors(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, CallError> {
+        let chunks = self.chunks_of(tensors)?;
+        let req = self.request(tokio_stream::iter(chunks));
+        let s = self.client.stream_tensors(req).await.map_err(|e| CallError::Remote(from_tonic(&e)))?.into_inner();
+        self.collect(s).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(id: &str, n: u32, total: u32, data: &'static [u8]) -> TensorChunk {
+        TensorChunk {
+            tensor_id: id.into(),
+            chunk_number: n,
+            data: Bytes::from_static(data),
+            total_chunks: total,
+            is_last: n + 1 == total,
+            metadata: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn out_of_order_interleaved_chunks_reassemble() {
+        let mut a = Assembler::new(1 << 20);
+        assert!(a.push(chunk("x", 1, 3, b"bb")).unwrap().is_none());
+        assert!(a.push(chunk("y", 0, 1, b"yy")).unwrap().is_some_and(|(b, _)| &b[..] == b"yy"));
+        assert!(a.push(chunk("x", 2, 3, b"c")).unwrap().is_none());
+        let (b, _) = a.push(chunk("x", 0, 3, b"aa")).unwrap().unwrap();
+        assert_eq!(&b[..], b"aabbc");
+        a.finish().unwrap();
+    }
+
+    #[test]
+    fn bad_chunks_are_refused() {
+        let mut a = Assembler::new(4);
+        assert_eq!(a.push(chunk("", 0, 1, b"a")).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(a.push(chunk("x", 5, 3, b"a")).unwrap_err().code, Code::InvalidArgument);
+        assert!(a.push(chunk("x", 0, 3, b"a")).unwrap().is_none());
+        assert_eq!(a.push(chunk("x", 0, 3, b"a")).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(a.push(chunk("x", 1, 4, b"a")).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(a.push(chunk("x", 1, 3, b"aaaa")).unwrap_err().code, Code::ResourceExhausted);
+        assert!(a.finish().unwrap_err().message.contains("incomplete"));
+    }
+
+    #[test]
+    fn chunks_carry_the_seed_metadata_and_round_trip() {
+        let t = Tensor::from_slice([250, 400], &(0..100_000).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+        let cs = encode_chunks(&t, 64 << 10).unwrap();
+        assert!(cs.len() > 5);
+        assert!(cs.iter().all(|c| c.data.len() <= 64 << 10 && c.total_chunks == cs.len() as u32));
+        let m = &cs[0].metadata;
+        assert_eq!(m["shape"], "[250, 400]");
+        assert_eq!(m["dtype"], "torch.float32");
+        assert_eq!(m["device"], "cpu");
+        let size: usize = cs.iter().map(|c| c.data.len()).sum();
+        assert_eq!(m["size_bytes"], size.to_string());
+        let mut a = Assembler::new(1 << 30);
+        let mut out = None;
+        for c in cs.into_iter().rev() {
+            out = a.push(c).unwrap().or(out);
+        }
+        let back = decode_tensor(out.unwrap().0, &Limits::default()).unwrap();
+        assert_eq!(back.as_slice::<f32>().unwrap(), t.as_slice::<f32>().unwrap());
+    }
+}

@@ -1,0 +1,208 @@
+//! Logical streams over gRPC calls: each tensorwire stream is one call of
+//! `tensorwire.v1.TensorService`, its frames the call's messages.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tensorwire_proto::v1;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Code, Status, Streaming};
+
+use crate::{Frame, Payload, Received, RecvStream, SendStream, StreamError};
+
+/// Frames queued per direction of a call before the sender waits (on top of
+/// HTTP/2's flow-control windows, which bound what is in flight).
+pub(crate) const QUEUE: usize = 4;
+
+pub(crate) fn to_wire(frame: Frame) -> v1::Frame {
+    v1::Frame { header: Some(frame.header), payload: frame.payload }
+}
+
+pub(crate) fn from_wire(f: v1::Frame, peer: &str) -> Result<Received, StreamError> {
+    match f.header {
+        Some(header) => Ok(Received { header, payload: Payload::Bytes(f.payload) }),
+        None => Err(StreamError::Protocol { peer: peer.to_string(), reason: "a gRPC frame without a header".into() }),
+    }
+}
+
+/// The message a reset carries, so the peer can recover the code.
+fn reset_status(code: u32) -> Status {
+    Status::cancelled(format!("stream reset by the sender (code {code})"))
+}
+
+/// A gRPC status as a stream error.
+pub(crate) fn status_error(peer: &str, stream: u64, s: &Status) -> StreamError {
+    let peer = peer.to_string();
+    match s.code() {
+        Code::Cancelled => {
+            let code =
+                s.message().rsplit_once("(code ").and_then(|(_, c)| c.trim_end_matches(')').parse().ok()).unwrap_or(0);
+            StreamError::Reset { peer, stream, code }
+        }
+        Code::Unavailable => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
+        Code::ResourceExhausted => {
+            StreamError::Protocol { peer, reason: format!("message over the size limit: {}", s.message()) }
+        }
+        c => StreamError::Protocol { peer, reason: format!("gRPC status {c:?}: {}", s.message()) },
+    }
+}
+
+/// Set by [`SendStream::reset`] on a client call: the request body then ends
+/// with an error (an HTTP/2 RST_STREAM) instead of a clean end of stream, so
+/// the server never mistakes an abandoned call for a complete one.
+#[derive(Clone, Default, Debug)]
+pub(crate) struct ResetFlag(pub(crate) Arc<AtomicBool>);
+
+impl ResetFlag {
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Receiving half when the call's messages come from a `Streaming` or
+/// (unary calls) one message.
+pub(crate) enum Source {
+    /// A client's response not yet arrived (the call is being made).
+    Pending(oneshot::Receiver<Result<Source, Status>>),
+    One(Option<v1::Frame>),
+    Stream(Streaming<v1::Frame>),
+    Done,
+}
+
+pub(crate) struct GrpcRecv {
+    pub(crate) source: Source,
+    pub(crate) id: u64,
+    pub(crate) peer: Arc<str>,
+}
+
+#[async_trait]
+impl RecvStream for GrpcRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        loop {
+            match &mut self.source {
+                Source::Pending(rx) => match rx.await {
+                    Ok(Ok(s)) => self.source = s,
+                    Ok(Err(status)) => {
+                        self.source = Source::Done;
+                        return Err(status_error(&self.peer, self.id, &status));
+                    }
+                    // The call was never made: nothing was sent on it.
+                    Err(_) => self.source = Source::Done,
+                },
+                Source::One(f) => {
+                    return match f.take() {
+                        Some(f) => from_wire(f, &self.peer).map(Some),
+                        None => Ok(None),
+                    };
+                }
+                Source::Stream(s) => {
+                    return match s.message().await {
+                        Ok(Some(f)) => from_wire(f, &self.peer).map(Some),
+                        Ok(None) => {
+                            self.source = Source::Done;
+                            Ok(None)
+                        }
+                        Err(status) => {
+                            self.source = Source::Done;
+                            Err(status_error(&self.peer, self.id, &status))
+                        }
+                    };
+                }
+                Source::Done => return Ok(None),
+            }
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// Server side: frames become the messages of the call's response stream.
+pub(crate) struct ResponseSend {
+    pub(crate) tx: Option<mpsc::Sender<Result<v1::Frame, Status>>>,
+    pub(crate) id: u64,
+    pub(crate) peer: Arc<str>,
+}
+
+#[async_trait]
+impl SendStream for ResponseSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        let Some(tx) = &self.tx else {
+            return Err(StreamError::Finished { peer: self.peer.to_string(), stream: self.id });
+        };
+        tx.send(Ok(to_wire(frame))).await.map_err(|_| StreamError::Stopped {
+            peer: self.peer.to_string(),
+            stream: self.id,
+            code: 0,
+        })
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        self.tx = None;
+        Ok(())
+    }
+
+    fn reset(&mut self, code: u32) {
+        if let Some(tx) = self.tx.take()
+            && let Err(mpsc::error::TrySendError::Full(item)) = tx.try_send(Err(reset_status(code)))
+        {
+            tokio::spawn(async move {
+                let _ = tx.send(item).await;
+            });
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// Client side: frames become the messages of the call's request stream
+/// (or, for unary requests, its one message).
+pub(crate) struct RequestSend {
+    pub(crate) tx: Option<mpsc::Sender<v1::Frame>>,
+    pub(crate) reset: ResetFlag,
+    /// The call takes exactly one request message.
+    pub(crate) unary: bool,
+    pub(crate) sent: bool,
+    pub(crate) id: u64,
+    pub(crate) peer: Arc<str>,
+}
+
+#[async_trait]
+impl SendStream for RequestSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        let peer = || self.peer.to_string();
+        if self.unary && self.sent {
+            return Err(StreamError::Protocol {
+                peer: peer(),
+                reason: "this gRPC method takes one request message".into(),
+            });
+        }
+        let Some(tx) = &self.tx else {
+            return Err(StreamError::Finished { peer: peer(), stream: self.id });
+        };
+        self.sent = true;
+        tx.send(to_wire(frame)).await.map_err(|_| StreamError::Stopped { peer: peer(), stream: self.id, code: 0 })?;
+        if self.unary {
+            self.tx = None;
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        self.tx = None;
+        Ok(())
+    }
+
+    fn reset(&mut self, _code: u32) {
+        self.reset.0.store(true, Ordering::Release);
+        self.tx = None;
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
