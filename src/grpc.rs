@@ -139,6 +139,14 @@ struct Partial {
     metadata: HashMap<String, String>,
 }
 
+/// One tensor's `torch.save()` bytes, reassembled.
+#[derive(Debug)]
+pub(crate) struct Assembled {
+    pub(crate) id: String,
+    pub(crate) bytes: Bytes,
+    pub(crate) metadata: HashMap<String, String>,
+}
+
 /// Tensors being reassembled at once on one call, at most.
 const MAX_PARTIAL: usize = 256;
 
@@ -148,9 +156,9 @@ impl Assembler {
         Self { partial: HashMap::new(), max_bytes, buffered: 0 }
     }
 
-    /// Adds a chunk; returns a tensor's bytes and first-chunk metadata once
-    /// all its chunks are in.
-    pub(crate) fn push(&mut self, c: TensorChunk) -> Result<Option<(Bytes, HashMap<String, String>)>, Status> {
+    /// Adds a chunk; returns a tensor's id, bytes and first-chunk metadata
+    /// once all its chunks are in.
+    pub(crate) fn push(&mut self, c: TensorChunk) -> Result<Option<Assembled>, Status> {
         let bad = |m: String| Status::new(Code::InvalidArgument, m);
         if c.tensor_id.is_empty() {
             return Err(bad("a chunk without a tensor_id".into()));
@@ -215,7 +223,7 @@ impl Assembler {
             }
             b.freeze()
         };
-        Ok(Some((bytes, p.metadata)))
+        Ok(Some(Assembled { id, bytes, metadata: p.metadata }))
     }
 
     /// Fails when a tensor was left incomplete.
@@ -293,12 +301,16 @@ pub(crate) fn encode_chunks(t: &Tensor, chunk: usize) -> Result<Vec<TensorChunk>
             total_chunks: total,
             is_last: i as u32 + 1 == total,
             metadata: if i == 0 {
-                HashMap::from([
+                let mut m = HashMap::from([
                     ("shape".to_string(), shape.clone()),
                     ("dtype".to_string(), format!("torch.{}", t.dtype().name())),
                     ("device".to_string(), t.device().to_string()),
                     ("size_bytes".to_string(), size.to_string()),
-                ])
+                ]);
+                if let Some(n) = t.name() {
+                    m.insert("name".to_string(), n.to_string());
+                }
+                m
             } else {
                 HashMap::new()
             },
@@ -387,8 +399,11 @@ async fn feed(
     let mut asm = Assembler::new(limits.max_tensor_bytes);
     let mut n = 0;
     while let Some(c) = chunks.message().await? {
-        if let Some((bytes, _meta)) = asm.push(c).map_err(|s| to_tonic(&s))? {
-            let t = decode_tensor(bytes, limits).map_err(|s| to_tonic(&s))?;
+        if let Some(a) = asm.push(c).map_err(|s| to_tonic(&s))? {
+            // Named by the sender's metadata, else by its tensor_id (so a
+            // store service keeps it under a name the sender knows).
+            let name = a.metadata.get("name").cloned().unwrap_or(a.id);
+            let t = decode_tensor(a.bytes, limits).map_err(|s| to_tonic(&s))?.with_name(name);
             writer.send_tensor(&t, false).await.map_err(call_status)?;
             n += 1;
         }
@@ -589,8 +604,9 @@ impl CompatClient {
         let mut asm = Assembler::new(self.limits.max_tensor_bytes);
         let mut out = Vec::new();
         while let Some(c) = s.message().await.map_err(|e| CallError::Remote(from_tonic(&e)))? {
-            if let Some((bytes, _)) = asm.push(c).map_err(CallError::Remote)? {
-                out.push(decode_tensor(bytes, &self.limits).map_err(CallError::Remote)?);
+            if let Some(a) = asm.push(c).map_err(CallError::Remote)? {
+                let name = a.metadata.get("name").cloned().unwrap_or(a.id);
+                out.push(decode_tensor(a.bytes, &self.limits).map_err(CallError::Remote)?.with_name(name));
             }
         }
         asm.finish().map_err(CallError::Remote)?;
@@ -647,10 +663,10 @@ mod tests {
     fn out_of_order_interleaved_chunks_reassemble() {
         let mut a = Assembler::new(1 << 20);
         assert!(a.push(chunk("x", 1, 3, b"bb")).unwrap().is_none());
-        assert!(a.push(chunk("y", 0, 1, b"yy")).unwrap().is_some_and(|(b, _)| &b[..] == b"yy"));
+        assert!(a.push(chunk("y", 0, 1, b"yy")).unwrap().is_some_and(|a| &a.bytes[..] == b"yy" && a.id == "y"));
         assert!(a.push(chunk("x", 2, 3, b"c")).unwrap().is_none());
-        let (b, _) = a.push(chunk("x", 0, 3, b"aa")).unwrap().unwrap();
-        assert_eq!(&b[..], b"aabbc");
+        let x = a.push(chunk("x", 0, 3, b"aa")).unwrap().unwrap();
+        assert_eq!(&x.bytes[..], b"aabbc");
         a.finish().unwrap();
     }
 
@@ -683,7 +699,7 @@ mod tests {
         for c in cs.into_iter().rev() {
             out = a.push(c).unwrap().or(out);
         }
-        let back = decode_tensor(out.unwrap().0, &Limits::default()).unwrap();
+        let back = decode_tensor(out.unwrap().bytes, &Limits::default()).unwrap();
         assert_eq!(back.as_slice::<f32>().unwrap(), t.as_slice::<f32>().unwrap());
     }
 }

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Runs every test. On a fresh machine it first installs the Python peers the
 # interop tests talk to (PyTorch, grpcio, safetensors) into a virtualenv
-# cached under ~/.cache/tensorwire, keyed by tests/python/requirements.txt.
+# cached under ~/.cache/tensorwire; when tests/python/requirements.txt changes,
+# only what changed is installed into it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 req="tests/python/requirements.txt"
-key="$(sha256sum "$req" | cut -c1-12)"
-venv="${TENSORWIRE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tensorwire/venv-$key}"
-if ! "$venv/bin/python" -c "import torch, grpc, grpc_tools, grpc_health, safetensors" >/dev/null 2>&1; then
+key="$(sha256sum "$req" | cut -c1-16)"
+venv="${TENSORWIRE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tensorwire/venv}"
+if [ ! -x "$venv/bin/python" ]; then
   echo "== setting up Python peers in $venv (first run only: a few minutes, ~5 GB)"
-  rm -rf "$venv"
   python3 -m venv "$venv"
+fi
+if [ "$(cat "$venv/.requirements-key" 2>/dev/null)" != "$key" ] ||
+   ! "$venv/bin/python" -c "import torch, grpc, grpc_tools, grpc_health, grpc_reflection, safetensors" >/dev/null 2>&1; then
+  echo "== installing Python peers from $req into $venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  echo "$key" > "$venv/.requirements-key"
 fi
 export TENSORWIRE_PYTHON="$venv/bin/python"
 export TENSORWIRE_REQUIRE_PYTHON=1
