@@ -2,16 +2,19 @@
 //! and the round trip of a 4 KiB call, each next to its raw-socket baseline
 //! in the same run; and 1 GiB over QUIC next to a raw quinn stream. The
 //! server runs on its own thread and runtime; the client on the bench thread.
-//! `cargo bench --bench transport -- quic` runs the QUIC group alone.
+//! 256 MiB over gRPC in both directions next to raw TCP.
+//! `cargo bench --bench transport -- quic` runs the QUIC group alone;
+//! `-- grpc` the gRPC group.
 
 mod ratio;
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use tensorwire::bench::{RawSocket, ServerThread, call_round_trips, raw_copy, raw_round_trips, send_time};
-use tensorwire::builtins::builtin_functions;
-use tensorwire::{Client, Server};
+use tensorwire::Client;
+use tensorwire::bench::{
+    RawSocket, ServerThread, bench_server, call_round_trips, fetch_time, raw_copy, raw_round_trips, send_time,
+};
 
 fn server(scheme: &str) -> ServerThread {
     let url = match scheme {
@@ -20,14 +23,7 @@ fn server(scheme: &str) -> ServerThread {
         }
         s => format!("{s}://127.0.0.1:0"),
     };
-    ServerThread::start(&url, 1, || {
-        let mut b = Server::builder();
-        for f in builtin_functions() {
-            b = b.function(f);
-        }
-        b
-    })
-    .expect("bench server starts")
+    ServerThread::start(&url, 1, bench_server).expect("bench server starts")
 }
 
 fn transports(c: &mut Criterion) {
@@ -88,14 +84,7 @@ fn quic_1gib(c: &mut Criterion) {
     let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let srv = server("quic");
-    let striped_srv = ServerThread::start("quic://127.0.0.1:0", 2, || {
-        let mut b = Server::builder();
-        for f in builtin_functions() {
-            b = b.function(f);
-        }
-        b
-    })
-    .unwrap();
+    let striped_srv = ServerThread::start("quic://127.0.0.1:0", 2, bench_server).unwrap();
     let striped_url = format!("{}&stripes=2", striped_srv.url());
     let ratios = ratio::Ratios::default();
     let mut g = c.benchmark_group("throughput-1GiB/quic");
@@ -135,5 +124,41 @@ fn quic_1gib(c: &mut Criterion) {
 #[cfg(not(feature = "quic"))]
 fn quic_1gib(_: &mut Criterion) {}
 
-criterion_group!(benches, transports, quic_1gib);
+/// 256 MiB over gRPC (default settings) client→server and server→client,
+/// next to a raw TCP socket copy.
+#[cfg(feature = "grpc")]
+fn grpc_256mib(c: &mut Criterion) {
+    const SIZE: usize = 256 << 20;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let srv = server("grpc");
+    let client = rt.block_on(Client::connect(srv.url())).unwrap();
+    let ratios = ratio::Ratios::default();
+    let mut g = c.benchmark_group("throughput-256MiB/grpc");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(6));
+    g.throughput(Throughput::Bytes(SIZE as u64));
+    g.bench_function("raw-tcp", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("raw", iters, raw_copy(RawSocket::Tcp, SIZE, iters as usize).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("grpc-send", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("send", iters, rt.block_on(send_time(&client, SIZE, iters as usize)).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("grpc-fetch", |b| {
+        b.iter_custom(|iters| {
+            let d = rt.block_on(fetch_time(&client, SIZE, iters as usize)).unwrap() * iters as u32;
+            ratios.record("fetch", iters, d)
+        })
+    });
+    g.finish();
+    ratios.print_speed("grpc 256MiB client->server", "send", "raw");
+    ratios.print_speed("grpc 256MiB server->client", "fetch", "raw");
+}
+
+#[cfg(not(feature = "grpc"))]
+fn grpc_256mib(_: &mut Criterion) {}
+
+criterion_group!(benches, transports, quic_1gib, grpc_256mib);
 criterion_main!(benches);

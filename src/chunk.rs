@@ -84,6 +84,7 @@ impl Chunker {
             raw_len: payload.len() as u64,
             info: self.info.take().map(Box::new),
             crc32c: if last { self.crc32c } else { None },
+            shm_segment: 0,
         };
         self.index += 1;
         Some((chunk, payload))

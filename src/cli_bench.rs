@@ -6,18 +6,20 @@
 
 use clap::Args as ClapArgs;
 use tensorwire::bench::{
-    RawSocket, ServerThread, batching_functions, call_round_trips, calls_per_second, function_calls_per_second,
-    gib_per_s, raw_copy, raw_round_trips, send_time,
+    RawSocket, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
+    function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time,
 };
-use tensorwire::builtins::builtin_functions;
-use tensorwire::{Client, ClientConfig, Server, ServerConfig};
+use tensorwire::{Client, ClientConfig, Server};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[cfg(feature = "quic")]
-const DEFAULT_TRANSPORTS: &str = "tcp,unix,quic";
-#[cfg(not(feature = "quic"))]
-const DEFAULT_TRANSPORTS: &str = "tcp,unix";
+const DEFAULT_TRANSPORTS: &str = if cfg!(all(feature = "quic", feature = "grpc", feature = "shm")) {
+    "tcp,unix,shm,quic,grpc"
+} else if cfg!(feature = "quic") {
+    "tcp,unix,quic"
+} else {
+    "tcp,unix"
+};
 
 /// Options of `tensorwire bench`.
 #[derive(ClapArgs, Debug)]
@@ -68,6 +70,7 @@ fn listen_url(scheme: &str) -> String {
     let tmp = std::env::temp_dir().join(format!("tensorwire-bench-{}-{scheme}.sock", std::process::id()));
     match scheme {
         "unix" | "grpc+unix" => format!("{scheme}://{}", tmp.display()),
+        "unix+shm" => format!("unix://{}", tmp.display()),
         "shm" => format!("shm://tensorwire-bench-{}", std::process::id()),
         other => format!("{other}://127.0.0.1:0"),
     }
@@ -77,8 +80,18 @@ fn baseline_for(scheme: &str) -> RawSocket {
     match scheme {
         #[cfg(feature = "quic")]
         "quic" => RawSocket::Quic,
-        s if s.contains("unix") || s == "shm" => RawSocket::Unix,
+        "shm" | "unix+shm" => RawSocket::Memcpy,
+        s if s.contains("unix") => RawSocket::Unix,
         _ => RawSocket::Tcp,
+    }
+}
+
+/// The URL a bench client uses: `unix` is the plain socket (`unix+shm`
+/// is the same listener with the shared-memory upgrade, the default).
+fn client_url(scheme: &str, server_url: &str) -> String {
+    match scheme {
+        "unix" => format!("{server_url}?shm=0"),
+        _ => server_url.to_string(),
     }
 }
 
@@ -87,13 +100,7 @@ fn baseline_for(scheme: &str) -> RawSocket {
 #[cfg(feature = "quic")]
 fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let server = ServerThread::start(&listen_url("quic"), 2, || {
-        let mut b = Server::builder().config(ServerConfig::default());
-        for f in builtin_functions() {
-            b = b.function(f);
-        }
-        b
-    })?;
+    let server = ServerThread::start(&listen_url("quic"), 2, bench_server)?;
     let mut cfg = ClientConfig::default();
     cfg.transport.quic.stripes = a.stripes;
     let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
@@ -112,7 +119,7 @@ fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), Bo
                 serde_json::json!({"transport": "quic", "stripes": a.stripes, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
             );
         } else {
-            println!("{:<8} {:>8} {:>10.2} {:>10.2} {:>7.2}", label, human(size), g, b, g / b);
+            println!("{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}", label, "send", human(size), g, b, g / b);
         }
     }
     drop(client);
@@ -131,43 +138,41 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<8} {:>8} {:>10} {:>10} {:>7}   send one tensor vs raw socket copy (QUIC: raw quinn stream), median of {rounds} alternating rounds",
-            "transport", "size", "GiB/s", "raw GiB/s", "ratio"
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7}   one tensor client→server (send) and server→client (fetch) vs a raw socket copy (QUIC: raw quinn stream; gRPC: raw TCP; shm: memcpy into a new buffer), median of {rounds} alternating rounds",
+            "transport", "dir", "size", "GiB/s", "raw GiB/s", "ratio"
         );
     }
     let mut latency_rows = Vec::new();
     for scheme in &a.transports {
-        let server = ServerThread::start(&listen_url(scheme), 1, || {
-            let mut b = Server::builder().config(ServerConfig::default());
-            for f in builtin_functions() {
-                b = b.function(f);
-            }
-            b
-        })
-        .map_err(|e| format!("{scheme}: {e}"))?;
+        let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
-        let client = rt.block_on(Client::connect_with(server.url(), ClientConfig::default()))?;
+        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), ClientConfig::default()))?;
         let raw = baseline_for(scheme);
+        // Latency against a real socket even where throughput compares to memcpy.
+        let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
         for &size in &sizes {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
-            let (mut ours, mut base) = (vec![], vec![]);
+            let (mut sent, mut fetched, mut base) = (vec![], vec![], vec![]);
             for _ in 0..rounds {
                 base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
-                ours.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
+                sent.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
+                fetched.push(gib_per_s(size, rt.block_on(fetch_time(&client, size, reps))?));
             }
-            let (g, b) = (median(ours), median(base));
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"transport": scheme, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
-                );
-            } else {
-                println!("{:<8} {:>8} {:>10.2} {:>10.2} {:>7.2}", scheme, human(size), g, b, g / b);
+            let b = median(base);
+            for (dir, g) in [("send", median(sent)), ("fetch", median(fetched))] {
+                if a.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
+                    );
+                } else {
+                    println!("{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}", scheme, dir, human(size), g, b, g / b);
+                }
             }
         }
         let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
-            let h = raw_round_trips(raw, 4096, a.round_trips)?;
+            let h = raw_round_trips(raw_rtt, 4096, a.round_trips)?;
             b50.push(h.quantile_ms(0.5));
             b99.push(h.quantile_ms(0.99));
             let h = rt.block_on(call_round_trips(&client, 4096, a.round_trips))?;

@@ -368,7 +368,7 @@ macro_rules! transport_suite {
     )*};
 }
 
-transport_suite!(tcp => "tcp", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix");
+transport_suite!(tcp => "tcp", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix", shm => "shm");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_on_tcp() {

@@ -39,6 +39,9 @@ pub enum RawSocket {
     /// (default [`TransportConfig`](crate::TransportConfig)).
     #[cfg(feature = "quic")]
     Quic,
+    /// No socket: `memcpy` of the bytes into a freshly allocated buffer in
+    /// the same process (the floor for same-host transports such as shm).
+    Memcpy,
 }
 
 trait Duplex: Read + Write + Send + 'static {}
@@ -85,6 +88,7 @@ fn pair(kind: RawSocket) -> std::io::Result<RawPair> {
         }
         #[cfg(feature = "quic")]
         RawSocket::Quic => Err(std::io::Error::other("QUIC has no socket pair")),
+        RawSocket::Memcpy => Err(std::io::Error::other("memcpy has no socket pair")),
     }
 }
 
@@ -94,6 +98,18 @@ pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<D
     #[cfg(feature = "quic")]
     if kind == RawSocket::Quic {
         return raw_quic::copy(&crate::TransportConfig::default(), bytes, reps);
+    }
+    if kind == RawSocket::Memcpy {
+        let src = vec![7u8; bytes];
+        let mut total = Duration::ZERO;
+        for _ in 0..reps {
+            let t = Instant::now();
+            let mut dst = Vec::<u8>::with_capacity(bytes);
+            dst.extend_from_slice(&src);
+            std::hint::black_box(&dst);
+            total += t.elapsed();
+        }
+        return Ok(total / reps.max(1) as u32);
     }
     let (mut tx, mut rx, _dir) = pair(kind)?;
     let src = vec![7u8; bytes.min(1 << 20)];
@@ -171,6 +187,66 @@ pub async fn send_time(client: &Client, bytes: usize, reps: usize) -> Result<Dur
         client.send(vec![t.clone()]).await?;
     }
     Ok(start.elapsed() / reps.max(1) as u32)
+}
+
+/// Mean time to `fetch` one tensor of `bytes` from a server running
+/// [`BenchService`] (server → client: the other direction of [`send_time`]).
+pub async fn fetch_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, crate::CallError> {
+    let req = |n: usize| crate::FetchRequest::default().param("bytes", n.to_string());
+    client.fetch(req(bytes.min(WARM_UP_BYTES))).await?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        let t = client.fetch(req(bytes)).await?;
+        debug_assert_eq!(t[0].nbytes(), bytes);
+    }
+    Ok(start.elapsed() / reps.max(1) as u32)
+}
+
+/// The benchmark server's service: `send` counts what arrives and keeps
+/// nothing; `fetch` with `bytes=N` returns a tensor of N bytes (made once
+/// per size and kept, so serving costs only the transfer).
+#[derive(Debug, Default)]
+pub struct BenchService {
+    cache: std::sync::Mutex<std::collections::HashMap<usize, Tensor>>,
+}
+
+#[async_trait::async_trait]
+impl crate::TensorService for BenchService {
+    async fn fetch(
+        &self,
+        _ctx: &crate::CallContext,
+        req: &crate::FetchRequest,
+        out: &mut crate::TensorSink<'_>,
+    ) -> Result<(), crate::Status> {
+        let n: usize = req
+            .get("bytes")
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| crate::Status::invalid_argument("the bench service serves fetch(bytes=N)"))?;
+        if n > 4 << 30 {
+            return Err(crate::Status::invalid_argument("the bench service serves at most 4 GiB"));
+        }
+        let t = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get(&n) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = random_tensor(DType::UInt8, &[n], 2)?;
+                    cache.insert(n, t.clone());
+                    t
+                }
+            }
+        };
+        out.send(t).await
+    }
+}
+
+/// A server builder for benchmarks: [`BenchService`] and the built-in functions.
+pub fn bench_server() -> crate::ServerBuilder {
+    let mut b = crate::Server::builder().service(BenchService::default());
+    for f in crate::builtins::builtin_functions() {
+        b = b.function(f);
+    }
+    b
 }
 
 /// Round trips of `identity` on a `size`-byte tensor, one at a time.

@@ -37,6 +37,8 @@ pub struct TransportConfig {
     pub quic: QuicConfig,
     /// gRPC settings.
     pub grpc: GrpcConfig,
+    /// Shared-memory settings (`shm://`, and `unix://` upgraded to it).
+    pub shm: ShmConfig,
 }
 
 impl Default for TransportConfig {
@@ -54,6 +56,47 @@ impl Default for TransportConfig {
             tls: TlsConfig::default(),
             quic: QuicConfig::default(),
             grpc: GrpcConfig::default(),
+            shm: ShmConfig::default(),
+        }
+    }
+}
+
+/// Shared-memory payloads between processes on one host. Tensors at least
+/// `min_tensor_bytes` large travel in a sealed memfd segment: the sender
+/// copies the tensor in once, the receiver maps it and uses it in place.
+#[derive(Clone, Debug)]
+pub struct ShmConfig {
+    /// `unix://` clients offer shared memory to the server, which accepts
+    /// when it has it enabled too (default true; URL `?shm=0` turns it off
+    /// for one endpoint). `shm://` always uses it.
+    pub unix_upgrade: bool,
+    /// Smallest tensor payload sent through shared memory (default 256 KiB);
+    /// smaller ones go through the socket, where a copy costs less than a
+    /// segment.
+    pub min_tensor_bytes: u64,
+    /// Largest tensor payload sent through, or mapped from, one segment
+    /// (default 16 GiB): larger tensors go through the socket, and a peer's
+    /// larger segment is refused.
+    pub max_segment_bytes: u64,
+    /// Bytes of segments one connection may have passed to the peer and not
+    /// yet seen taken (default 1 GiB): the sender waits beyond it, so a slow
+    /// receiver bounds the sender's shared memory. One larger tensor may
+    /// still go alone.
+    pub max_in_flight: u64,
+    /// A segment whose frame has not claimed it after this long is dropped
+    /// (default 30 s); a frame naming a segment that has not arrived within
+    /// it fails.
+    pub segment_timeout: Duration,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        Self {
+            unix_upgrade: true,
+            min_tensor_bytes: 256 << 10,
+            max_segment_bytes: 16 << 30,
+            max_in_flight: 1 << 30,
+            segment_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -25,7 +25,7 @@
 //! | `unix` | yes | `unix:///path` | [`mux`] over a Unix stream socket |
 //! | `quic` | no | `quic://host:port` | quinn + rustls (ring) |
 //! | `grpc` | no | `grpc://`, `grpcs://`, `grpc+unix://` | [`grpc`]: tonic server, hyper HTTP/2 client, tuned windows |
-//! | `shm` | no | `shm://name` | mux over Unix + memfd segments passed by `SCM_RIGHTS` |
+//! | `shm` | no | `shm://name` (and `unix://` upgraded) | [`shm`]: mux over Unix + sealed memfd segments passed by `SCM_RIGHTS` |
 #![warn(missing_docs)]
 
 pub mod config;
@@ -36,6 +36,8 @@ mod listener;
 pub mod mux;
 #[cfg(feature = "quic")]
 pub mod quic;
+#[cfg(feature = "shm")]
+pub mod shm;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 #[cfg(feature = "tls")]
@@ -521,14 +523,14 @@ pub trait Transport: Send + Sync + 'static {
     async fn listen(&self, endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError>;
 }
 
-/// The built-in transports compiled into this build (TCP, Unix, QUIC, gRPC).
+/// The built-in transports compiled into this build (TCP, Unix, QUIC, gRPC, shared memory).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Builtin;
 
 #[async_trait]
 impl Transport for Builtin {
     fn schemes(&self) -> &'static [Scheme] {
-        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix]
+        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix, Scheme::Shm]
     }
 
     async fn connect(
@@ -560,6 +562,9 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Quic => quic::connect(endpoint, config).await.map(|c| c as Arc<dyn Connection>),
             #[cfg(feature = "grpc")]
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::connect(endpoint, config).await,
+            #[cfg(feature = "shm")]
+            Scheme::Shm => unix::connect(endpoint, config).await,
+            #[allow(unreachable_patterns)]
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
     };
@@ -581,6 +586,9 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
         Scheme::Quic => quic::listen(endpoint, config).await,
         #[cfg(feature = "grpc")]
         Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::listen(endpoint, config).await,
+        #[cfg(feature = "shm")]
+        Scheme::Shm => unix::listen(endpoint, config).await,
+        #[allow(unreachable_patterns)]
         other => Err(ListenError::NotEnabled { scheme: other, feature: other.feature() }),
     }
 }

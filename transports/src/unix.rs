@@ -7,9 +7,11 @@ use std::sync::Arc;
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::listener::establish_error;
-use crate::listener::{AcceptTx, QueueListener, RawAccept, handshake_in_background};
+#[cfg(not(feature = "shm"))]
+use crate::listener::handshake_in_background;
+use crate::listener::{AcceptTx, QueueListener, RawAccept};
 use crate::mux::{self, Role, SocketInfo};
-use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
+use crate::{AcceptError, ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
 
 fn abstract_name(path: &Path) -> Option<&[u8]> {
     path.to_str()?.strip_prefix('@').map(str::as_bytes)
@@ -53,14 +55,42 @@ pub(crate) fn bind_socket(path: &Path) -> std::io::Result<UnixListener> {
     }
 }
 
-/// Connects to `unix:///path`.
+/// True when a client connecting to `endpoint` offers shared memory.
+fn wants_shm(endpoint: &Endpoint, config: &TransportConfig) -> bool {
+    match endpoint.scheme() {
+        crate::Scheme::Shm => true,
+        _ => cfg!(feature = "shm") && config.shm.unix_upgrade && endpoint.query("shm") != Some("0"),
+    }
+}
+
+/// The socket path of `unix:///path` or `shm://name`.
+fn socket_path(endpoint: &Endpoint) -> std::path::PathBuf {
+    match endpoint.scheme() {
+        #[cfg(feature = "shm")]
+        crate::Scheme::Shm => crate::shm::socket_path(endpoint.name()),
+        _ => endpoint.path().to_path_buf(),
+    }
+}
+
+/// Connects to `unix:///path` (offering shared memory for large tensors
+/// unless [`ShmConfig::unix_upgrade`](crate::config::ShmConfig) is off or
+/// the URL says `?shm=0`), or to `shm://name`.
 pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
-    let s = connect_socket(endpoint.path())
-        .await
-        .map_err(|source| ConnectError::Io { endpoint: endpoint.to_string(), source })?;
+    let io = |source| ConnectError::Io { endpoint: endpoint.to_string(), source };
+    let s = connect_socket(&socket_path(endpoint)).await.map_err(io)?;
+    #[cfg(feature = "shm")]
+    let side = if wants_shm(endpoint, config) { Some(crate::shm::offer(&s).await.map_err(io)?) } else { None };
+    #[cfg(not(feature = "shm"))]
+    let _ = wants_shm(endpoint, config);
     let (rd, wr) = s.into_split();
     let info = SocketInfo { peer: endpoint.to_string(), transport: "unix", local: true };
-    let c = mux::establish(rd, wr, Role::Client, info, config).await.map_err(|e| establish_error(endpoint, e))?;
+    let c: Arc<dyn Connection> =
+        mux::establish(rd, wr, Role::Client, info, config).await.map_err(|e| establish_error(endpoint, e))?;
+    #[cfg(feature = "shm")]
+    if let Some(side) = side {
+        let name = if endpoint.scheme() == crate::Scheme::Shm { "shm" } else { "unix+shm" };
+        return crate::shm::wrap(c, side, &config.shm, name).map_err(io);
+    }
     Ok(c)
 }
 
@@ -68,6 +98,9 @@ struct UnixAccept {
     listener: UnixListener,
     name: String,
     n: u64,
+    /// Listening as `shm://`.
+    #[cfg_attr(not(feature = "shm"), allow(dead_code))]
+    shm: bool,
 }
 
 #[async_trait::async_trait]
@@ -75,18 +108,54 @@ impl RawAccept for UnixAccept {
     async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()> {
         let (s, _) = self.listener.accept().await?;
         self.n += 1;
-        let (rd, wr) = s.into_split();
         let info = SocketInfo { peer: format!("{}#{}", self.name, self.n), transport: "unix", local: true };
-        handshake_in_background(rd, wr, info, config.clone(), tx.clone());
+        #[cfg(feature = "shm")]
+        {
+            // Whether the client offers shared memory shows in its first
+            // bytes; read them in the connection's own task.
+            let (config, tx, shm) = (config.clone(), tx.clone(), self.shm);
+            tokio::spawn(async move {
+                let peer = info.peer.clone();
+                let fail = |reason: String| AcceptError::Handshake { peer: peer.clone(), reason };
+                let side = match tokio::time::timeout(config.connect_timeout, crate::shm::accept_offer(&s)).await {
+                    Ok(Ok(side)) => side,
+                    Ok(Err(e)) => return drop(tx.send(Err(fail(e.to_string()))).await),
+                    Err(_) => return drop(tx.send(Err(fail("no data within the connect timeout".into()))).await),
+                };
+                let (rd, wr) = s.into_split();
+                let r = match mux::establish(rd, wr, Role::Server, info, &config).await {
+                    Ok(c) => match side {
+                        Some(fd) => {
+                            let name = if shm { "shm" } else { "unix+shm" };
+                            crate::shm::wrap(c, fd, &config.shm, name).map_err(|e| fail(e.to_string()))
+                        }
+                        None => Ok(c as Arc<dyn Connection>),
+                    },
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "rejected connection");
+                        Err(fail(e.to_string()))
+                    }
+                };
+                let _ = tx.send(r).await;
+            });
+        }
+        #[cfg(not(feature = "shm"))]
+        {
+            let (rd, wr) = s.into_split();
+            handshake_in_background(rd, wr, info, config.clone(), tx.clone());
+        }
         Ok(())
     }
 }
 
-/// Listens on `unix:///path`; the socket file is removed when the listener is dropped.
+/// Listens on `unix:///path` (the socket file is removed when the listener
+/// is dropped), or on `shm://name` (an abstract socket: no file). Clients
+/// that offer shared memory get it.
 pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
-    let path = endpoint.path().to_path_buf();
+    let path = socket_path(endpoint);
     let l = bind_socket(&path).map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
-    let raw = UnixAccept { listener: l, name: endpoint.to_string(), n: 0 };
+    let raw =
+        UnixAccept { listener: l, name: endpoint.to_string(), n: 0, shm: endpoint.scheme() == crate::Scheme::Shm };
     let cleanup = abstract_name(&path).is_none().then_some(path);
     Ok(Box::new(QueueListener::new(Box::new(raw), config, endpoint.clone(), cleanup)))
 }

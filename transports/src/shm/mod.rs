@@ -1,0 +1,485 @@
+//! `shm://name`, and `unix://` upgraded to shared memory: the mux over a
+//! Unix socket carries headers and small payloads; a tensor of at least
+//! [`ShmConfig::min_tensor_bytes`](crate::config::ShmConfig) travels in a
+//! sealed memfd segment instead.
+//!
+//! ```text
+//!   client                                   server
+//!   connect(unix socket) ── "TWSHM\x01" + SCM_RIGHTS(side channel end) ──►
+//!   mux preface ◄────────────────────────────────────────────► mux preface
+//!   tensor ≥ 256 KiB: copy into memfd, seal ─ side channel: id + fd ──►
+//!                     one chunk frame {shm_segment: id, raw_len} ────► map, use in place
+//!                     ◄──────────────────────── side channel: ack(id)
+//! ```
+//!
+//! - **One copy.** The sender copies the tensor into the segment chunk by
+//!   chunk as the pipeline hands it over; the receiver maps the segment and
+//!   the tensor's bytes *are* the mapping (read-only, unmapped when the last
+//!   reference goes). No socket carries the payload.
+//! - **Cleanup.** Segments are anonymous memfds: nothing is ever created in
+//!   `/dev/shm`, and the kernel frees a segment with its last descriptor or
+//!   mapping, also when a peer crashes.
+//! - **Safety.** See [`segment`]: sealed segments, sizes checked against
+//!   `fstat` and the receiver's limits before mapping, a frame can only
+//!   name a segment passed on its own connection, and a bounded number of
+//!   unclaimed descriptors.
+//! - **Backpressure.** A sender holds at most
+//!   [`ShmConfig::max_in_flight`](crate::config::ShmConfig) bytes of
+//!   segments the receiver has not taken yet.
+//!
+//! `shm://name` listens on the abstract Unix socket `@tensorwire-shm-name`
+//! (no file; Linux only). The server side of `unix://` accepts clients that
+//! offer shared memory and clients that do not.
+
+pub(crate) mod segment;
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tokio::net::UnixStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use self::segment::{MAGIC, Owner, SegmentWriter, SideChannel, op, recv_with_fd, send_with_fd, seqpacket_pair};
+use crate::config::ShmConfig;
+use crate::{
+    Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
+    StreamError, StreamKind,
+};
+
+/// The abstract socket name of `shm://name`.
+pub(crate) fn socket_path(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("@tensorwire-shm-{name}"))
+}
+
+/// Client side: offers shared memory on a fresh socket (before the mux
+/// preface) and returns our end of the side channel.
+pub(crate) async fn offer(s: &UnixStream) -> std::io::Result<OwnedFd> {
+    let (ours, theirs) = seqpacket_pair()?;
+    loop {
+        s.writable().await?;
+        match s.try_io(tokio::io::Interest::WRITABLE, || send_with_fd(s.as_raw_fd(), MAGIC, theirs.as_raw_fd())) {
+            Ok(n) if n == MAGIC.len() => return Ok(ours),
+            Ok(_) => return Err(std::io::Error::other("short write of the shared-memory offer")),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Server side: if the client's first bytes are the offer, consumes them
+/// and returns the side channel it passed; otherwise leaves the socket as
+/// it was (a plain mux client).
+pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<OwnedFd>> {
+    let mut buf = [0u8; 8];
+    loop {
+        s.readable().await?;
+        let peeked = s.try_io(tokio::io::Interest::READABLE, || {
+            // SAFETY: recv with MSG_PEEK into an 8-byte buffer on our socket.
+            let n =
+                unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_PEEK) };
+            if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+        });
+        match peeked {
+            Ok(0) => return Ok(None),
+            Ok(n) if n < MAGIC.len() && buf[..n] == MAGIC[..n] => {
+                // The offer is sent whole; wait for the rest of it.
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                continue;
+            }
+            Ok(n) if n == MAGIC.len() && &buf == MAGIC => break,
+            Ok(_) => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let (n, fd) = s.try_io(tokio::io::Interest::READABLE, || recv_with_fd(s.as_raw_fd(), &mut buf, 0))?;
+    match (n, fd) {
+        (8, Some(fd)) => Ok(Some(fd)),
+        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "shared-memory offer without a side channel")),
+    }
+}
+
+struct Shared {
+    side: Arc<SideChannel>,
+    budget: Arc<Semaphore>,
+    /// Budget units (1 MiB each) in all.
+    budget_units: u32,
+    next_segment: AtomicU64,
+    cfg: ShmConfig,
+    peer: String,
+    /// Our segments free for the next tensor.
+    pool: Mutex<Vec<(u64, SegmentWriter)>>,
+    /// Our segments the peer holds views of.
+    lent: Mutex<HashMap<u64, Lent>>,
+    /// Segments dropped from the pool, to tell the peer about.
+    forget: Mutex<Vec<u64>>,
+}
+
+struct Lent {
+    seg: SegmentWriter,
+    /// Budget held until the peer reports the segment taken.
+    permit: Option<OwnedSemaphorePermit>,
+    since: Instant,
+}
+
+impl Owner for Shared {
+    fn taken(&self, id: u64) {
+        if let Some(l) = lock(&self.lent).get_mut(&id) {
+            l.permit = None;
+        }
+    }
+
+    fn released(&self, id: u64) {
+        let Some(l) = lock(&self.lent).remove(&id) else { return };
+        self.give_back(id, l.seg);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Segments are sized in whole MiB so that they fit the next tensors too.
+fn segment_size(n: u64) -> u64 {
+    n.div_ceil(1 << 20).max(1) << 20
+}
+
+impl Shared {
+    /// Returns a segment to the pool (most recent last), dropping the
+    /// oldest pooled ones beyond `max_in_flight` bytes.
+    fn give_back(&self, id: u64, seg: SegmentWriter) {
+        let limit = self.cfg.max_in_flight;
+        let mut dropped = Vec::new();
+        {
+            let mut pool = lock(&self.pool);
+            if seg.len() as u64 > limit {
+                dropped.push(id);
+            } else {
+                let mut pooled: u64 = pool.iter().map(|(_, s)| s.len() as u64).sum();
+                while pooled + seg.len() as u64 > limit && !pool.is_empty() {
+                    let (old, s) = pool.remove(0);
+                    pooled -= s.len() as u64;
+                    dropped.push(old);
+                }
+                pool.push((id, seg));
+            }
+        }
+        lock(&self.forget).extend(dropped);
+    }
+
+    /// A segment of at least `n` bytes and the budget for it: a pooled one
+    /// when one fits, else a new one (passed to the peer before use).
+    async fn acquire(&self, n: u64) -> Result<(u64, SegmentWriter, OwnedSemaphorePermit), std::io::Error> {
+        let forget = std::mem::take(&mut *lock(&self.forget));
+        for id in forget {
+            self.side.send(id, op::FORGET, None).await?;
+        }
+        let units = u32::try_from(n.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.budget_units);
+        let permit = loop {
+            match tokio::time::timeout(self.cfg.segment_timeout, self.budget.clone().acquire_many_owned(units)).await {
+                Ok(p) => break p.map_err(|_| std::io::Error::other("shared-memory budget closed"))?,
+                // Segments whose frames were never taken (their stream was
+                // abandoned) give their budget back after the timeout.
+                Err(_) => {
+                    for l in lock(&self.lent).values_mut() {
+                        if l.since.elapsed() >= self.cfg.segment_timeout {
+                            l.permit = None;
+                        }
+                    }
+                }
+            }
+        };
+        let fits = |pool: &Vec<(u64, SegmentWriter)>| {
+            pool.iter().any(|(_, s)| s.len() as u64 >= n && s.len() as u64 <= segment_size(n).max(4 * n))
+        };
+        if !fits(&lock(&self.pool)) {
+            // A release may be waiting in the socket: take it in first.
+            self.side.drain_now(self).map_err(std::io::Error::other)?;
+        }
+        let reuse = {
+            let mut pool = lock(&self.pool);
+            let best = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, s))| s.len() as u64 >= n && s.len() as u64 <= segment_size(n).max(4 * n))
+                .min_by_key(|(_, (_, s))| s.len())
+                .map(|(i, _)| i);
+            best.map(|i| pool.swap_remove(i))
+        };
+        if let Some((id, seg)) = reuse {
+            return Ok((id, seg, permit));
+        }
+        let seg = SegmentWriter::new(segment_size(n) as usize)?;
+        let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
+        self.side.send(id, op::NEW, Some(seg.fd())).await?;
+        Ok((id, seg, permit))
+    }
+}
+
+/// A mux connection whose large payloads travel in shared memory.
+pub(crate) struct ShmConnection {
+    inner: Arc<dyn Connection>,
+    shared: Arc<Shared>,
+    reader: JoinHandle<()>,
+    transport: &'static str,
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Wraps an established mux connection with its side channel.
+pub(crate) fn wrap(
+    inner: Arc<dyn Connection>,
+    side: OwnedFd,
+    cfg: &ShmConfig,
+    transport: &'static str,
+) -> std::io::Result<Arc<dyn Connection>> {
+    let units = u32::try_from(cfg.max_in_flight.div_ceil(1 << 20)).unwrap_or(u32::MAX >> 4).clamp(1, u32::MAX >> 4);
+    let shared = Arc::new(Shared {
+        side: Arc::new(SideChannel::new(side, cfg.max_segment_bytes)?),
+        budget: Arc::new(Semaphore::new(units as usize)),
+        budget_units: units,
+        next_segment: AtomicU64::new(1),
+        cfg: cfg.clone(),
+        peer: inner.info().peer,
+        pool: Mutex::new(Vec::new()),
+        lent: Mutex::new(HashMap::new()),
+        forget: Mutex::new(Vec::new()),
+    });
+    let s = shared.clone();
+    let weak = Arc::downgrade(&inner);
+    let reader = tokio::spawn(async move {
+        let why = s.side.run(&*s).await;
+        tracing::debug!(peer = %s.peer, reason = %why, "shared-memory side channel ended");
+        // Without the side channel no large tensor can arrive: close.
+        if let Some(c) = weak.upgrade() {
+            c.close(&format!("shared-memory side channel ended: {why}"));
+        }
+    });
+    Ok(Arc::new(ShmConnection { inner, shared, reader, transport }))
+}
+
+#[async_trait]
+impl Connection for ShmConnection {
+    async fn open(&self, kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+        let (tx, rx) = self.inner.open(kind).await?;
+        Ok((
+            Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None }),
+            Box::new(ShmRecv { inner: rx, shared: self.shared.clone() }),
+        ))
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        let inc = self.inner.accept().await?;
+        Ok(Incoming {
+            kind: inc.kind,
+            send: Box::new(ShmSend { inner: inc.send, shared: self.shared.clone(), pending: None }),
+            recv: Box::new(ShmRecv { inner: inc.recv, shared: self.shared.clone() }),
+        })
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        ConnectionInfo { transport: self.transport, ..self.inner.info() }
+    }
+
+    fn close(&self, reason: &str) {
+        self.inner.close(reason);
+        self.reader.abort();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    async fn closed(&self) {
+        self.inner.closed().await
+    }
+}
+
+/// A tensor being copied into a segment, chunk by chunk.
+struct Filling {
+    id: u64,
+    seg: SegmentWriter,
+    permit: OwnedSemaphorePermit,
+    first: v1::Chunk,
+    /// Headers of the chunks copied so far, to fall back to the socket.
+    headers: Vec<FrameHeader>,
+}
+
+struct ShmSend {
+    inner: Box<dyn SendStream>,
+    shared: Arc<Shared>,
+    pending: Option<Filling>,
+}
+
+impl ShmSend {
+    fn protocol(&self, reason: String) -> StreamError {
+        StreamError::Protocol { peer: self.shared.peer.clone(), reason }
+    }
+
+    /// Turns a frame into zero or more frames to send on the socket.
+    async fn convert(&mut self, frame: Frame) -> Result<Vec<Frame>, StreamError> {
+        let chunk = match &frame.header.kind {
+            Some(Kind::Chunk(c)) => Some(c.clone()),
+            _ => None,
+        };
+        let Some(c) = chunk else {
+            // Control frames between tensors pass as they are.
+            let mut out = self.fall_back()?;
+            out.push(frame);
+            return Ok(out);
+        };
+        if self.pending.is_none() {
+            let big = c.info.is_some()
+                && c.compression == v1::Compression::None as i32
+                && c.offset == 0
+                && c.total_bytes >= self.shared.cfg.min_tensor_bytes.max(1)
+                && c.total_bytes <= self.shared.cfg.max_segment_bytes;
+            if !big {
+                return Ok(vec![frame]);
+            }
+            let (id, seg, permit) = self
+                .shared
+                .acquire(c.total_bytes)
+                .await
+                .map_err(|e| self.protocol(format!("no shared-memory segment: {e}")))?;
+            self.pending = Some(Filling { id, seg, permit, first: c.clone(), headers: Vec::new() });
+        }
+        let fits = match self.pending.as_mut() {
+            Some(f) => {
+                c.tensor_id == f.first.tensor_id
+                    && c.compression == v1::Compression::None as i32
+                    && f.seg.write(c.offset as usize, &frame.payload)
+            }
+            None => false,
+        };
+        if !fits {
+            // A compressed chunk (auto mode skips compression per chunk) or
+            // another tensor: send what we hold through the socket.
+            let mut out = self.fall_back()?;
+            out.push(frame);
+            return Ok(out);
+        }
+        if !c.last {
+            if let Some(f) = self.pending.as_mut() {
+                f.headers.push(frame.header);
+            }
+            return Ok(Vec::new());
+        }
+        let Some(f) = self.pending.take() else { return Ok(Vec::new()) };
+        let total = f.first.total_bytes;
+        let id = f.id;
+        lock(&self.shared.lent).insert(id, Lent { seg: f.seg, permit: Some(f.permit), since: Instant::now() });
+        let mut head = f.first;
+        head.index = 0;
+        head.offset = 0;
+        head.last = true;
+        head.raw_len = total;
+        head.crc32c = c.crc32c;
+        head.shm_segment = id;
+        Ok(vec![Frame::header_only(FrameHeader::new(Kind::Chunk(head)))])
+    }
+
+    /// The chunks held in a segment, as ordinary frames.
+    fn fall_back(&mut self) -> Result<Vec<Frame>, StreamError> {
+        let Some(f) = self.pending.take() else { return Ok(Vec::new()) };
+        let mut out = Vec::with_capacity(f.headers.len());
+        for header in f.headers {
+            let Some(Kind::Chunk(c)) = &header.kind else { continue };
+            let payload = f.seg.copy_out(c.offset as usize, c.raw_len as usize);
+            out.push(Frame { header, payload });
+        }
+        self.shared.give_back(f.id, f.seg);
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl SendStream for ShmSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        let frames = self.convert(frame).await?;
+        match frames.len() {
+            0 => Ok(()),
+            1 => self.inner.send(frames.into_iter().next().unwrap_or_default()).await,
+            _ => self.inner.send_batch(frames, false).await,
+        }
+    }
+
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let mut out = Vec::with_capacity(frames.len());
+        for f in frames {
+            out.extend(self.convert(f).await?);
+        }
+        if fin {
+            out.extend(self.fall_back()?);
+        }
+        if out.is_empty() {
+            return if fin { self.inner.finish().await } else { Ok(()) };
+        }
+        self.inner.send_batch(out, fin).await
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        let held = self.fall_back()?;
+        if held.is_empty() { self.inner.finish().await } else { self.inner.send_batch(held, true).await }
+    }
+
+    fn reset(&mut self, code: u32) {
+        if let Some(f) = self.pending.take() {
+            self.shared.give_back(f.id, f.seg);
+        }
+        self.inner.reset(code)
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id()
+    }
+}
+
+struct ShmRecv {
+    inner: Box<dyn RecvStream>,
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl RecvStream for ShmRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        let Some(mut r) = self.inner.recv().await? else { return Ok(None) };
+        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(Some(r)) };
+        if c.shm_segment == 0 {
+            return Ok(Some(r));
+        }
+        let protocol = |reason: String| StreamError::Protocol { peer: self.shared.peer.clone(), reason };
+        if !r.payload.is_empty() || !c.last || c.offset != 0 || c.compression != v1::Compression::None as i32 {
+            return Err(protocol("a shared-memory frame must carry a whole uncompressed tensor and no payload".into()));
+        }
+        if c.raw_len != c.total_bytes {
+            return Err(protocol(format!(
+                "a shared-memory frame declares {} bytes of a {}-byte tensor",
+                c.raw_len, c.total_bytes
+            )));
+        }
+        let (id, len) = (c.shm_segment, c.raw_len);
+        let bytes: Bytes = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await.map_err(protocol)?;
+        r.payload = Payload::Bytes(bytes);
+        Ok(Some(r))
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        self.inner.place(target)
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id()
+    }
+}

@@ -1,0 +1,589 @@
+//! Shared-memory segments (sealed memfds) and the side channel that passes
+//! their descriptors between the two processes (`SCM_RIGHTS` on a
+//! `SOCK_SEQPACKET` socket pair).
+//!
+//! Safety rules, each enforced here:
+//! - A segment is an anonymous memfd: it has no name in `/dev/shm`, so a
+//!   crashed peer leaves nothing behind; the kernel frees it with its last
+//!   descriptor or mapping.
+//! - The writer seals its size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`)
+//!   before passing it on, and the reader refuses a segment without those
+//!   seals: a segment cannot be truncated under the reader's mapping, which
+//!   would make reads fault with SIGBUS.
+//! - The reader maps the segment's real size (`fstat`), checked against its
+//!   limit; a frame can name only a segment passed on its own connection,
+//!   and only bytes inside it.
+//! - Segments are reused: the writer fills a segment again only after the
+//!   reader reported that every view of it was dropped. (A hostile writer
+//!   on the same host could still change bytes the reader is looking at;
+//!   it cannot make the reader fault or read outside a segment.)
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+/// Magic that opens a Unix socket whose client offers shared memory (sent
+/// with one end of the side channel as `SCM_RIGHTS`).
+pub(crate) const MAGIC: &[u8; 8] = b"TWSHM\x01\0\0";
+
+/// Segments the peer may have passed on one connection at once, at most.
+const MAX_SEGMENTS: usize = 256;
+
+/// Side-channel operations (16-byte messages: segment id, operation).
+pub(crate) mod op {
+    /// Writer → reader, with the descriptor attached: a new segment.
+    pub const NEW: u64 = 1;
+    /// Reader → writer: a frame naming the segment arrived and was viewed
+    /// (frees its share of the writer's in-flight budget).
+    pub const TAKEN: u64 = 2;
+    /// Reader → writer: every view of the segment was dropped; the writer
+    /// may fill it again.
+    pub const RELEASED: u64 = 3;
+    /// Writer → reader: the segment will not be used again.
+    pub const FORGET: u64 = 4;
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+fn cvt_size(r: isize) -> io::Result<usize> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }
+}
+
+/// A `SOCK_SEQPACKET` socket pair (close-on-exec, non-blocking).
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair succeeded, so both descriptors are open and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends `data` with `fd` attached (`SCM_RIGHTS`) on the socket `sock`.
+pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut cbuf = vec![0u8; space];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the
+    // sendmsg call (iov, cbuf), and the control buffer is CMSG_SPACE bytes
+    // for one descriptor, as CMSG_FIRSTHDR/CMSG_DATA expect.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+        cvt_size(libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL))
+    }
+}
+
+/// Receives into `buf`, returning its length and at most one descriptor
+/// (any others attached are closed). `flags` may hold `MSG_PEEK`.
+pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    // Room for a few descriptors, so extra ones can be closed rather than leaked.
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE((4 * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut cbuf = vec![0u8; space];
+    // SAFETY: as in send_with_fd; the kernel fills at most msg_controllen
+    // bytes of cbuf, and we read only the headers it reports.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space as _;
+        let n = cvt_size(libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC))?;
+        let mut first = None;
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                    if first.is_none() {
+                        first = Some(fd);
+                    }
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "too many descriptors attached"));
+        }
+        Ok((n, first))
+    }
+}
+
+/// A segment this side writes: a memfd mapped read-write, its size sealed.
+pub(crate) struct SegmentWriter {
+    fd: OwnedFd,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only written through &mut self.
+unsafe impl Send for SegmentWriter {}
+
+impl SegmentWriter {
+    /// A new memfd of `len` bytes (size sealed), mapped for writing.
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
+        // SAFETY: the name is a valid C string; flags are valid memfd flags.
+        let fd =
+            cvt(unsafe { libc::memfd_create(c"tensorwire".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
+        // SAFETY: memfd_create returned a new descriptor that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate and fcntl on our own descriptor.
+        unsafe {
+            cvt(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
+            cvt(libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ))?;
+        }
+        if len == 0 {
+            return Ok(Self { fd, ptr: std::ptr::null_mut(), len });
+        }
+        // SAFETY: mapping `len` bytes of a file of exactly `len` bytes.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd, ptr: ptr as *mut u8, len })
+    }
+
+    /// Segment length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The descriptor, to pass to the peer.
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Copies `data` to `offset` (false when it does not fit).
+    pub(crate) fn write(&mut self, offset: usize, data: &[u8]) -> bool {
+        match offset.checked_add(data.len()) {
+            Some(end) if end <= self.len => {
+                if !data.is_empty() {
+                    // SAFETY: offset..end lies inside our mapping of `len` bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A copy of `offset..offset+len` (clamped to the segment).
+    pub(crate) fn copy_out(&self, offset: usize, len: usize) -> Bytes {
+        let start = offset.min(self.len);
+        let end = offset.saturating_add(len).min(self.len);
+        if start == end {
+            return Bytes::new();
+        }
+        // SAFETY: start..end lies inside our live mapping.
+        Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(self.ptr.add(start), end - start) })
+    }
+}
+
+impl Drop for SegmentWriter {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: ptr/len is the mapping made in new(), unmapped once.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+/// A segment of the peer's, mapped read-only for as long as this lives.
+pub(crate) struct PeerSegment {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only on this side; sharing references to it
+// across threads is sound.
+unsafe impl Send for PeerSegment {}
+// SAFETY: see Send.
+unsafe impl Sync for PeerSegment {}
+
+impl PeerSegment {
+    /// Checks a received segment (seals, size within `limit`) and maps all of it.
+    pub(crate) fn map(fd: &OwnedFd, limit: u64) -> Result<Self, String> {
+        // SAFETY: fstat/fcntl on a descriptor we own; st is plain data.
+        let (size, seals) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) < 0 {
+                return Err(format!("fstat failed: {}", io::Error::last_os_error()));
+            }
+            (st.st_size as u64, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
+        };
+        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals < 0 || seals & need != need {
+            return Err("the segment's size is not sealed (it could shrink under the mapping)".into());
+        }
+        if size > limit {
+            return Err(format!("segment of {size} bytes exceeds the limit of {limit} bytes"));
+        }
+        if size == 0 {
+            return Ok(Self { ptr: std::ptr::null(), len: 0 });
+        }
+        // SAFETY: mapping exactly the sealed size of the file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!("mmap failed: {}", io::Error::last_os_error()));
+        }
+        Ok(Self { ptr: ptr as *const u8, len: size as usize })
+    }
+
+    /// Mapped length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for PeerSegment {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: ptr/len is the mapping made in map(), unmapped once.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+/// The first `len` bytes of a peer segment, as the owner of a [`Bytes`];
+/// reports the release when the last reference goes.
+struct View {
+    seg: Arc<PeerSegment>,
+    len: usize,
+    id: u64,
+    side: std::sync::Weak<SideChannel>,
+}
+
+impl AsRef<[u8]> for View {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: len ≤ the live mapping's length (checked in SideChannel::view).
+        unsafe { std::slice::from_raw_parts(self.seg.ptr, self.len) }
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        if let Some(side) = self.side.upgrade() {
+            side.release(self.id);
+        }
+    }
+}
+
+/// Our end of the side channel: passes our segments' descriptors, keeps
+/// the peer's segments mapped, and carries the acknowledgements that give
+/// budget and segments back (see [`op`]).
+pub(crate) struct SideChannel {
+    sock: AsyncFd<OwnedFd>,
+    peer_segments: Mutex<HashMap<u64, Arc<PeerSegment>>>,
+    arrived: Notify,
+    closed: std::sync::atomic::AtomicBool,
+    released_tx: tokio::sync::mpsc::UnboundedSender<u64>,
+    released_rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<u64>>,
+    max_segment: u64,
+}
+
+/// What the reader loop reports about our own segments.
+pub(crate) trait Owner: Send + Sync {
+    /// The peer viewed segment `id`.
+    fn taken(&self, id: u64);
+    /// The peer dropped every view of segment `id`.
+    fn released(&self, id: u64);
+}
+
+impl SideChannel {
+    pub(crate) fn new(sock: OwnedFd, max_segment: u64) -> io::Result<Self> {
+        // SAFETY: fcntl on our own descriptor.
+        unsafe {
+            let fl = libc::fcntl(sock.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(sock.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
+        Ok(Self {
+            // SAFETY: an OwnedFd's descriptor stays open and the same until
+            // it is dropped, which only happens with the AsyncFd.
+            sock: unsafe { AsyncFd::register(sock) }?,
+            peer_segments: Mutex::new(HashMap::new()),
+            arrived: Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            released_tx,
+            released_rx: tokio::sync::Mutex::new(released_rx),
+            max_segment,
+        })
+    }
+
+    /// Reports that every view of the peer's segment `id` was dropped: at
+    /// once when the socket has room (so the report is on its way before
+    /// anything the caller sends next), else through the reader task.
+    fn release(&self, id: u64) {
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&id.to_le_bytes());
+        msg[8..].copy_from_slice(&op::RELEASED.to_le_bytes());
+        // SAFETY: send on our own socket with a valid 16-byte buffer.
+        let n = unsafe {
+            libc::send(
+                self.sock.get_ref().as_raw_fd(),
+                msg.as_ptr() as *const libc::c_void,
+                msg.len(),
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        if n != msg.len() as isize {
+            let _ = self.released_tx.send(id);
+        }
+    }
+
+    /// Handles every message already waiting, without blocking (the writer
+    /// calls it before making a new segment, in case a release is in).
+    pub(crate) fn drain_now(&self, owner: &dyn Owner) -> Result<(), String> {
+        let mut buf = [0u8; 16];
+        loop {
+            match recv_with_fd(self.sock.get_ref().as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
+                Ok((0, _)) => return Err("peer closed the side channel".into()),
+                Ok((n, fd)) => self.handle(owner, &buf[..n], fd)?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    fn handle(&self, owner: &dyn Owner, msg: &[u8], fd: Option<OwnedFd>) -> Result<(), String> {
+        if msg.len() != 16 {
+            return Err("malformed side-channel message".to_string());
+        }
+        let id = u64::from_le_bytes(msg[..8].try_into().unwrap_or_default());
+        let operation = u64::from_le_bytes(msg[8..].try_into().unwrap_or_default());
+        match (operation, fd) {
+            (op::NEW, Some(fd)) => {
+                let seg = PeerSegment::map(&fd, self.max_segment).map_err(|e| format!("segment {id} refused: {e}"))?;
+                let mut segs = self.peer_segments.lock().unwrap_or_else(|e| e.into_inner());
+                if segs.len() >= MAX_SEGMENTS && !segs.contains_key(&id) {
+                    return Err(format!("more than {MAX_SEGMENTS} segments passed at once"));
+                }
+                segs.insert(id, Arc::new(seg));
+                drop(segs);
+                self.arrived.notify_waiters();
+            }
+            (op::TAKEN, None) => owner.taken(id),
+            (op::RELEASED, None) => owner.released(id),
+            (op::FORGET, None) => {
+                self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            }
+            _ => return Err(format!("unexpected side-channel operation {operation}")),
+        }
+        Ok(())
+    }
+
+    /// Sends one message, with `fd` attached when given.
+    pub(crate) async fn send(&self, id: u64, operation: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&id.to_le_bytes());
+        msg[8..].copy_from_slice(&operation.to_le_bytes());
+        loop {
+            let mut guard = self.sock.writable().await?;
+            let r = guard.try_io(|s| match fd {
+                Some(fd) => send_with_fd(s.as_raw_fd(), &msg, fd.as_raw_fd()),
+                // SAFETY: send on our own socket with a valid 16-byte buffer.
+                None => cvt_size(unsafe {
+                    libc::send(s.as_raw_fd(), msg.as_ptr() as *const libc::c_void, msg.len(), libc::MSG_NOSIGNAL)
+                }),
+            });
+            match r {
+                Ok(r) => return r.map(|_| ()),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Reads messages until the peer closes its end (or breaks the
+    /// protocol), and sends our release reports; returns why it ended.
+    pub(crate) async fn run(&self, owner: &dyn Owner) -> String {
+        let mut released = self.released_rx.lock().await;
+        let mut buf = [0u8; 16];
+        let reason = loop {
+            let readable = tokio::select! {
+                r = self.sock.readable() => r,
+                id = released.recv() => {
+                    if let Some(id) = id {
+                        let _ = self.send(id, op::RELEASED, None).await;
+                    }
+                    continue;
+                }
+            };
+            let mut guard = match readable {
+                Ok(g) => g,
+                Err(e) => break e.to_string(),
+            };
+            let (n, fd) = match guard.try_io(|s| recv_with_fd(s.as_raw_fd(), &mut buf, 0)) {
+                Err(_would_block) => continue,
+                Ok(Err(e)) => break e.to_string(),
+                Ok(Ok((0, _))) => break "peer closed the side channel".to_string(),
+                Ok(Ok(r)) => r,
+            };
+            if let Err(e) = self.handle(owner, &buf[..n], fd) {
+                break e;
+            }
+        };
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.arrived.notify_waiters();
+        reason
+    }
+
+    /// The first `len` bytes of the peer's segment `id` (waiting up to
+    /// `timeout` for the segment to arrive), and reports it taken.
+    pub(crate) async fn view(self: &Arc<Self>, id: u64, len: u64, timeout: Duration) -> Result<Bytes, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let seg = loop {
+            let notified = self.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(s) = self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+                break s.clone();
+            }
+            if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(format!("segment {id} never arrived: the side channel is closed"));
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(format!("segment {id} did not arrive within {timeout:?}"));
+            }
+        };
+        if len > seg.len() as u64 {
+            return Err(format!("frame claims {len} bytes of a {}-byte segment", seg.len()));
+        }
+        let _ = self.send(id, op::TAKEN, None).await;
+        Ok(Bytes::from_owner(View { seg, len: len as usize, id, side: Arc::downgrade(self) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(data: &[u8]) -> SegmentWriter {
+        let mut w = SegmentWriter::new(data.len()).unwrap();
+        assert!(w.write(0, data));
+        assert!(!w.write(data.len(), b"x"), "writes past the end are refused");
+        w
+    }
+
+    #[test]
+    fn a_peer_segment_maps_read_only_and_reads_back() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let w = segment(&data);
+        let s = PeerSegment::map(w.fd(), u64::MAX).unwrap();
+        assert_eq!(s.len(), data.len());
+        // SAFETY: reading the live mapping within its length.
+        assert_eq!(unsafe { std::slice::from_raw_parts(s.ptr, s.len) }, &data[..]);
+        assert_eq!(&w.copy_out(10, 5)[..], &data[10..15]);
+    }
+
+    #[test]
+    fn oversized_and_unsealed_segments_are_refused() {
+        let w = segment(&[7u8; 4096]);
+        let e = PeerSegment::map(w.fd(), 1000).err().unwrap();
+        assert!(e.contains("exceeds the limit"), "{e}");
+        // An unsealed memfd could be truncated under the mapping: refused.
+        // SAFETY: plain memfd_create on a new descriptor.
+        let raw = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: memfd_create returned a new descriptor that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on our own descriptor.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        let e = PeerSegment::map(&fd, u64::MAX).err().unwrap();
+        assert!(e.contains("not sealed"), "{e}");
+    }
+
+    #[derive(Default)]
+    struct Log(Mutex<Vec<(u64, u64)>>);
+
+    impl Owner for Log {
+        fn taken(&self, id: u64) {
+            self.0.lock().unwrap().push((id, op::TAKEN));
+        }
+        fn released(&self, id: u64) {
+            self.0.lock().unwrap().push((id, op::RELEASED));
+        }
+    }
+
+    #[tokio::test]
+    async fn segments_cross_the_side_channel_and_views_report_take_and_release() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let a = Arc::new(SideChannel::new(a, 1 << 30).unwrap());
+        let b = Arc::new(SideChannel::new(b, 1 << 30).unwrap());
+        let log = Arc::new(Log::default());
+        let (ra, rb, la) = (a.clone(), b.clone(), log.clone());
+        let ta = tokio::spawn(async move { ra.run(&*la).await });
+        let tb = tokio::spawn(async move { rb.run(&Log::default()).await });
+        let w = segment(b"hello world");
+        a.send(1, op::NEW, Some(w.fd())).await.unwrap();
+        let v = b.view(1, 5, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(&v[..], b"hello");
+        let e = b.view(1, 100, Duration::from_secs(5)).await.unwrap_err();
+        assert!(e.contains("claims 100 bytes of a 11-byte segment"), "{e}");
+        drop(v);
+        for _ in 0..200 {
+            if log.0.lock().unwrap().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*log.0.lock().unwrap(), vec![(1, op::TAKEN), (1, op::RELEASED)]);
+        // A segment that never comes is an error, not a hang.
+        let e = b.view(2, 1, Duration::from_millis(50)).await.unwrap_err();
+        assert!(e.contains("did not arrive"), "{e}");
+        ta.abort();
+        tb.abort();
+    }
+}
