@@ -110,6 +110,8 @@ mod client;
 mod coalesce;
 pub mod config;
 mod connect;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dispatch;
 pub mod error;
 mod function;
@@ -167,5 +169,9 @@ pub(crate) fn host_id() -> String {
 
 /// Devices this process can put tensors on.
 pub(crate) fn devices() -> Vec<String> {
-    vec!["cpu".to_string()]
+    #[allow(unused_mut)]
+    let mut d = vec!["cpu".to_string()];
+    #[cfg(feature = "cuda")]
+    d.extend(cuda::device_names());
+    d
 }

@@ -1,5 +1,5 @@
-//! Tensors over a transport stream: [`FrameWriter`] encodes, chunks and
-//! compresses; [`FrameReader`] reassembles (into a [`Placement`] buffer when
+//! Tensors over a transport stream: `FrameWriter` encodes, chunks and
+//! compresses; `FrameReader` reassembles (into a [`Placement`] buffer when
 //! the transport can write there directly), checks and decodes.
 //! [`TensorStream`] and [`TensorSink`] are the handles users see.
 
@@ -159,7 +159,7 @@ impl FrameWriter {
     pub(crate) async fn send_tensor(&mut self, t: &Tensor, hold_last: bool) -> Result<u64, CallError> {
         if t.device() != Device::Cpu {
             return Err(CallError::Unsupported(format!(
-                "a tensor on {} must be staged through host memory first (Client::send_device / the cuda feature)",
+                "a tensor on {} must be staged through host memory first (Client::send_gpu, cargo feature cuda)",
                 t.device()
             )));
         }
@@ -217,6 +217,83 @@ impl FrameWriter {
         }
         if let Some(link) = &self.link {
             link.record(wire_bytes, started.elapsed().as_secs_f64());
+        }
+        self.bytes_sent += total;
+        self.tensors_sent += 1;
+        Ok(total)
+    }
+
+    /// Sends a raw-codec tensor of `total` bytes whose payload arrives in
+    /// pieces (GPU staging buffers): each piece leaves as soon as it
+    /// arrives, so producing piece k+1 overlaps sending piece k.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) async fn send_streamed(
+        &mut self,
+        info: tensorwire_codecs::TensorInfo,
+        total: u64,
+        pieces: &mut tokio::sync::mpsc::Receiver<Result<Bytes, CallError>>,
+    ) -> Result<u64, CallError> {
+        if let Some(l) = &self.caps.limits
+            && l.max_tensor_bytes > 0
+            && total > l.max_tensor_bytes
+        {
+            return Err(CallError::Limit {
+                what: "tensor (the peer's max_tensor_bytes)",
+                size: total,
+                limit: l.max_tensor_bytes,
+            });
+        }
+        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
+        if self.max_frame_payload > 0 {
+            chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
+        }
+        let chunk_size = chunk_size.max(1) as usize;
+        let id = self.next_tensor_id;
+        self.next_tensor_id += 1;
+        let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));
+        let (mut offset, mut index) = (0u64, 0u32);
+        let mut emit = |w: &mut Self, payload: Bytes, offset: u64, index: u32| {
+            let last = offset + payload.len() as u64 >= total;
+            let c = v1::Chunk {
+                tensor_id: id,
+                index,
+                offset,
+                total_bytes: total,
+                last,
+                compression: v1::Compression::None as i32,
+                raw_len: payload.len() as u64,
+                info: winfo.take(),
+                ..Default::default()
+            };
+            w.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });
+        };
+        if total == 0 {
+            emit(self, Bytes::new(), 0, 0);
+            self.flush(false).await?;
+        }
+        while offset < total {
+            let mut piece = match pieces.recv().await {
+                Some(p) => p?,
+                None => {
+                    return Err(CallError::InvalidArgument(format!(
+                        "the tensor's source ended after {offset} of {total} bytes"
+                    )));
+                }
+            };
+            if offset + piece.len() as u64 > total {
+                return Err(CallError::InvalidArgument(format!("the tensor's source gave more than {total} bytes")));
+            }
+            while !piece.is_empty() {
+                let part = piece.split_to(piece.len().min(chunk_size));
+                let n = part.len() as u64;
+                emit(self, part, offset, index);
+                self.flush(false).await?;
+                offset += n;
+                index += 1;
+                if let Some(p) = &self.progress {
+                    p.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
         }
         self.bytes_sent += total;
         self.tensors_sent += 1;
@@ -552,4 +629,60 @@ pub(crate) fn apply_response_encoding(mut enc: Encoding, req: &v1::Request) -> E
         enc.shuffle = req.response_shuffle > 1;
     }
     enc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipe::pipe;
+    use tensorwire_codecs::DType;
+
+    /// A tensor whose payload arrives in uneven pieces (as from GPU staging
+    /// buffers) is chunked as it comes and reassembled bit-exact.
+    #[tokio::test]
+    async fn streamed_payload_pieces_reassemble() {
+        for total in [0usize, 1, 100_000, (3 << 20) + 7] {
+            let t = crate::builtins::random_tensor(DType::UInt8, &[total], 5).unwrap();
+            let (tx, rx) = pipe(1, "test");
+            let enc = Encoding { chunk_size: 1 << 20, ..Default::default() };
+            let mut w = FrameWriter::new(Box::new(tx), enc, SharedCaps::default(), 1 << 20, None);
+            let (ptx, mut prx) = tokio::sync::mpsc::channel(2);
+            let data = Bytes::copy_from_slice(t.as_bytes().unwrap());
+            let feeder = tokio::spawn(async move {
+                let mut off = 0;
+                let mut step = 1;
+                while off < data.len() {
+                    let end = (off + step).min(data.len());
+                    ptx.send(Ok(data.slice(off..end))).await.unwrap();
+                    off = end;
+                    step = step * 7 + 13;
+                }
+            });
+            let info = tensorwire_codecs::TensorInfo::of(&t);
+            let reader = tokio::spawn(async move {
+                let mut r = FrameReader::new(Box::new(rx), "test".into(), Limits::default(), false);
+                match r.next().await.unwrap() {
+                    Item::Tensor(t) => t,
+                    _ => panic!("expected a tensor"),
+                }
+            });
+            assert_eq!(w.send_streamed(info, total as u64, &mut prx).await.unwrap(), total as u64);
+            w.finish().await.unwrap();
+            feeder.await.unwrap();
+            let back = reader.await.unwrap();
+            assert!(back.data_eq(&t), "{total} bytes");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streamed_source_that_ends_early_is_an_error() {
+        let (tx, _rx) = pipe(1, "test");
+        let mut w = FrameWriter::new(Box::new(tx), Encoding::default(), SharedCaps::default(), 1 << 20, None);
+        let (ptx, mut prx) = tokio::sync::mpsc::channel(2);
+        ptx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        drop(ptx);
+        let t = crate::builtins::random_tensor(DType::UInt8, &[10], 1).unwrap();
+        let e = w.send_streamed(tensorwire_codecs::TensorInfo::of(&t), 10, &mut prx).await.unwrap_err();
+        assert!(e.to_string().contains("ended after 3 of 10 bytes"), "{e}");
+    }
 }

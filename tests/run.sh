@@ -27,6 +27,9 @@ echo "== Rust tests (workspace)"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
   cargo test --workspace --doc --quiet
+  echo "== GPU code (feature cuda): builds everywhere; tests skip with a reason where there is no CUDA"
+  cargo nextest run -p tensorwire --features cuda --lib --no-fail-fast -E 'test(cuda::) | test(stream::)'
+  cargo build --features cuda --example gpu_bench
 else
   cargo test --workspace "$@"
 fi

@@ -1,7 +1,7 @@
 //! The mux connection: shared state, stream handles and the handshake.
 //!
-//! A connection runs a reader task ([`super::reader`]) and a writer task
-//! ([`super::writer`]); streams are handles that share per-stream state with
+//! A connection runs a reader task (`reader`) and a writer task
+//! (`writer`); streams are handles that share per-stream state with
 //! them. Small frames are written directly by the sending task when the
 //! writer is idle; everything else goes through the writer's queue.
 

@@ -17,7 +17,7 @@
 //! on stripe i, on a unidirectional stream that begins with the primary
 //! stream's id (u64, little-endian) and then carries that logical stream's
 //! striped payloads back to back; the header on the primary names the stripe
-//! (see [`super::stream`]). The receiver therefore reads every payload in
+//! (see the `stream` module). The receiver therefore reads every payload in
 //! order, while the stripes' connections receive, decrypt and buffer in
 //! parallel on other cores, each within its own flow-control windows.
 //! Either side stripes what it sends over the connections the client set up.

@@ -1,31 +1,32 @@
 //! `shm://name`, and `unix://` upgraded to shared memory: the mux over a
 //! Unix socket carries headers and small payloads; a tensor of at least
 //! [`ShmConfig::min_tensor_bytes`](crate::config::ShmConfig) travels in a
-//! sealed memfd segment instead.
+//! memfd segment instead.
 //!
 //! ```text
 //!   client                                   server
-//!   connect(unix socket) ── "TWSHM\x01" + SCM_RIGHTS(side channel end) ──►
+//!   connect(unix socket) ── "TWSHM\x01" + SCM_RIGHTS(side channel end) ─►
 //!   mux preface ◄────────────────────────────────────────────► mux preface
-//!   tensor ≥ 256 KiB: copy into memfd, seal ─ side channel: id + fd ──►
-//!                     one chunk frame {shm_segment: id, raw_len} ────► map, use in place
-//!                     ◄──────────────────────── side channel: ack(id)
+//!   tensor ≥ 256 KiB: copy into a pooled segment (new ones: side channel NEW id + fd)
+//!                     one chunk frame {shm_segment: id, raw_len} ────► view of the mapping
+//!                     ◄────────────── side channel TAKEN id, later RELEASED id
 //! ```
 //!
-//! - **One copy.** The sender copies the tensor into the segment chunk by
-//!   chunk as the pipeline hands it over; the receiver maps the segment and
-//!   the tensor's bytes *are* the mapping (read-only, unmapped when the last
-//!   reference goes). No socket carries the payload.
+//! - **One copy.** The sender copies the tensor into a segment chunk by
+//!   chunk as the pipeline hands it over; the receiver's tensor bytes *are*
+//!   its read-only mapping of the segment. No socket carries the payload.
+//! - **Reuse.** A segment goes back to the sender's pool when the receiver
+//!   has dropped every view of it (RELEASED), so steady traffic pays no page
+//!   faults; the pool holds at most `max_in_flight` bytes.
+//! - **Backpressure.** Segments sent and not yet viewed (TAKEN) by the
+//!   receiver hold at most `max_in_flight` bytes of budget.
 //! - **Cleanup.** Segments are anonymous memfds: nothing is ever created in
 //!   `/dev/shm`, and the kernel frees a segment with its last descriptor or
 //!   mapping, also when a peer crashes.
-//! - **Safety.** See [`segment`]: sealed segments, sizes checked against
-//!   `fstat` and the receiver's limits before mapping, a frame can only
-//!   name a segment passed on its own connection, and a bounded number of
-//!   unclaimed descriptors.
-//! - **Backpressure.** A sender holds at most
-//!   [`ShmConfig::max_in_flight`](crate::config::ShmConfig) bytes of
-//!   segments the receiver has not taken yet.
+//! - **Safety.** See the `segment` module: size-sealed segments, sizes checked
+//!   against `fstat` and the receiver's limit before mapping, a frame can
+//!   only name a segment passed on its own connection and bytes inside it,
+//!   and a bounded number of segments per connection.
 //!
 //! `shm://name` listens on the abstract Unix socket `@tensorwire-shm-name`
 //! (no file; Linux only). The server side of `unix://` accepts clients that

@@ -1,0 +1,151 @@
+//! GPU figures (needs a CUDA machine; elsewhere it says why and exits 0):
+//!
+//! 1. device→host of 256 MiB through the pinned staging pool (chunked,
+//!    double-buffered) next to one plain `cuMemcpyDtoH` of the whole tensor
+//!    into pinned memory;
+//! 2. end to end GPU → Unix socket → GPU (and over shared memory): the
+//!    client sends a device tensor with `Client::send_gpu`, the server
+//!    uploads what it receives to its GPU;
+//! 3. CUDA IPC between two processes: this program re-runs itself as a
+//!    child that imports the parent's device buffer and copies it device to
+//!    device.
+//!
+//! ```text
+//! cargo run --release --features cuda --example gpu_bench [-- --mib 256]
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tensorwire::builtins::random_tensor;
+use tensorwire::cuda::{self, Gpu};
+use tensorwire::{CallContext, Client, DType, SendSummary, Server, Status, TensorService, TensorStream};
+
+/// Uploads every received tensor to the GPU.
+struct ToGpu(Arc<Gpu>);
+
+#[async_trait]
+impl TensorService for ToGpu {
+    async fn send(&self, _ctx: &CallContext, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
+        let mut s = SendSummary::default();
+        while let Some(t) = tensors.next().await {
+            let t = t.map_err(Status::from)?;
+            s.received += 1;
+            s.bytes += t.nbytes() as u64;
+            let g = self.0.clone();
+            tokio::task::spawn_blocking(move || g.upload(&t))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        Ok(s)
+    }
+}
+
+fn gib_s(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / (1u64 << 30) as f64
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("ipc-child") {
+        return ipc_child(&args[2], args[3].parse()?);
+    }
+    let mib: usize = args.iter().position(|a| a == "--mib").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(256);
+    let n = mib << 20;
+    match cuda::available() {
+        Ok(0) | Err(_) => {
+            println!("skipping: {}", cuda::available().err().map_or("no CUDA device".into(), |e| e.to_string()));
+            return Ok(());
+        }
+        Ok(count) => println!("CUDA devices: {count}"),
+    }
+    let gpu = Arc::new(Gpu::open(0)?);
+    let host = random_tensor(DType::UInt8, &[n], 1)?;
+    let dev = Arc::new(gpu.upload(&host)?);
+
+    // 1. D2H: staging pool vs one plain copy into pinned memory.
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        gpu.download_chunks(&dev, |c| {
+            std::hint::black_box(&c);
+            Ok(())
+        })?;
+    }
+    let pool = gib_s(n * reps, t.elapsed().as_secs_f64());
+    let ctx = cudarc::driver::CudaContext::new(0)?;
+    let stream = ctx.default_stream();
+    let src = stream.clone_htod(host.as_bytes()?)?;
+    // SAFETY: written by the copy before it is read.
+    let mut pinned = unsafe { ctx.alloc_pinned_with_flags::<u8>(n, 0)? };
+    let t = Instant::now();
+    for _ in 0..reps {
+        stream.memcpy_dtoh(&src, &mut pinned)?;
+        stream.synchronize()?;
+    }
+    let plain = gib_s(n * reps, t.elapsed().as_secs_f64());
+    println!(
+        "D2H {mib} MiB: pinned pool (chunked, double-buffered, handed out as Bytes) {pool:.2} GiB/s; one cuMemcpyDtoH into pinned memory {plain:.2} GiB/s; ratio {:.2}",
+        pool / plain
+    );
+    assert!(gpu.download(&dev)?.data_eq(&host), "D2H changed the data");
+
+    // 2. End to end GPU -> socket -> GPU.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let dir = tempfile_dir();
+    for (label, suffix) in [("unix socket", "?shm=0"), ("unix + shared memory", "")] {
+        let url = format!("unix://{}/gpu-{}.sock", dir.display(), label.len());
+        let server_gpu = gpu.clone();
+        let rate = rt.block_on(async {
+            let server = Server::builder().service(ToGpu(server_gpu)).build().start([url.as_str()]).await?;
+            let client = Client::connect(&format!("{url}{suffix}")).await?;
+            client.send_gpu(&gpu, vec![dev.clone()]).await?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                client.send_gpu(&gpu, vec![dev.clone()]).await?;
+            }
+            let r = gib_s(n * reps, t.elapsed().as_secs_f64());
+            server.shutdown().await;
+            Ok::<_, Box<dyn std::error::Error>>(r)
+        })?;
+        println!("GPU -> {label} -> GPU, {mib} MiB: {rate:.2} GiB/s");
+    }
+
+    // 3. CUDA IPC: a child process imports and copies device to device.
+    let export = gpu.ipc_export(dev.clone())?;
+    let hex: String = export.handle.iter().map(|b| format!("{b:02x}")).collect();
+    let t = Instant::now();
+    let out =
+        std::process::Command::new(std::env::current_exe()?).args(["ipc-child", &hex, &n.to_string()]).output()?;
+    println!(
+        "CUDA IPC {mib} MiB, child process start + import + device copy: {:.1} ms; child says: {}",
+        t.elapsed().as_secs_f64() * 1e3,
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    drop(export); // the child closed its mapping and exited: safe to free
+    Ok(())
+}
+
+fn ipc_child(hex: &str, n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let gpu = Gpu::open(0)?;
+    let mut handle = [0u8; 64];
+    for (i, b) in handle.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?;
+    }
+    let t = Instant::now();
+    let imported = gpu.ipc_import(&handle, DType::UInt8, vec![n], n)?;
+    let copy = gpu.copy_imported(&imported)?;
+    let secs = t.elapsed().as_secs_f64();
+    drop(imported);
+    let host = gpu.download(&copy)?;
+    println!("import + device-to-device copy {:.2} GiB/s, crc32c {:08x}", gib_s(n, secs), host.crc32c()?);
+    Ok(())
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tensorwire-gpu-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&d);
+    d
+}
