@@ -258,14 +258,13 @@ pub(crate) fn wrap(
         forget: Mutex::new(Vec::new()),
     });
     let s = shared.clone();
-    let weak = Arc::downgrade(&inner);
     let reader = tokio::spawn(async move {
+        // When the side channel ends (the peer closed its connection, or
+        // broke the side-channel protocol), the socket may still hold frames
+        // the peer sent before: they are delivered. Frames naming segments
+        // fail from now on, and this side sends everything through the socket.
         let why = s.side.run(&*s).await;
         tracing::debug!(peer = %s.peer, reason = %why, "shared-memory side channel ended");
-        // Without the side channel no large tensor can arrive: close.
-        if let Some(c) = weak.upgrade() {
-            c.close(&format!("shared-memory side channel ended: {why}"));
-        }
     });
     Ok(Arc::new(ShmConnection { inner, shared, reader, transport }))
 }
@@ -341,7 +340,8 @@ impl ShmSend {
             return Ok(out);
         };
         if self.pending.is_none() {
-            let big = c.info.is_some()
+            let big = !self.shared.side.is_closed()
+                && c.info.is_some()
                 && c.compression == v1::Compression::None as i32
                 && c.offset == 0
                 && c.total_bytes >= self.shared.cfg.min_tensor_bytes.max(1)

@@ -362,6 +362,11 @@ impl SideChannel {
         })
     }
 
+    /// True once the side channel has ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Reports that every view of the peer's segment `id` was dropped: at
     /// once when the socket has room (so the report is on its way before
     /// anything the caller sends next), else through the reader task.
