@@ -528,7 +528,7 @@ pub struct CompatResponse {
 /// bytes in chunks (1 MiB by default), as the Python client sends them.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), tensorwire::CallError> {
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use tensorwire::{Tensor, grpc::CompatClient};
 /// let mut c = CompatClient::connect("grpc://127.0.0.1:50051").await?;
 /// let r = c.send_tensors(vec![Tensor::from_slice([2], &[1.0f32, 2.0])?]).await?;
