@@ -4,7 +4,8 @@
 //! server runs on its own thread and runtime; the client on the bench thread.
 //! 256 MiB over gRPC in both directions next to raw TCP.
 //! `cargo bench --bench transport -- quic` runs the QUIC group alone;
-//! `-- grpc` the gRPC group.
+//! `-- grpc` the gRPC group; `-- shm` shared memory next to the Unix
+//! socket and memcpy.
 
 mod ratio;
 
@@ -30,7 +31,9 @@ fn transports(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     for (scheme, raw) in [("tcp", RawSocket::Tcp), ("unix", RawSocket::Unix)] {
         let srv = server(scheme);
-        let client = rt.block_on(Client::connect(srv.url())).unwrap();
+        // The plain socket transport (unix:// would upgrade to shared memory).
+        let url = if scheme == "unix" { format!("{}?shm=0", srv.url()) } else { srv.url().to_string() };
+        let client = rt.block_on(Client::connect(&url)).unwrap();
         let ratios = ratio::Ratios::default();
         let mut g = c.benchmark_group(format!("throughput/{scheme}"));
         g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
@@ -160,5 +163,47 @@ fn grpc_256mib(c: &mut Criterion) {
 #[cfg(not(feature = "grpc"))]
 fn grpc_256mib(_: &mut Criterion) {}
 
-criterion_group!(benches, transports, quic_1gib, grpc_256mib);
+/// 256 MiB over shared memory next to the plain Unix socket transport, a
+/// raw Unix socket copy and memcpy into a fresh buffer, in one run.
+#[cfg(feature = "shm")]
+fn shm_256mib(c: &mut Criterion) {
+    const SIZE: usize = 256 << 20;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let srv = server("unix");
+    let shm = rt.block_on(Client::connect(srv.url())).unwrap();
+    let plain = rt.block_on(Client::connect(&format!("{}?shm=0", srv.url()))).unwrap();
+    let ratios = ratio::Ratios::default();
+    let mut g = c.benchmark_group("throughput-256MiB/shm");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
+    g.throughput(Throughput::Bytes(SIZE as u64));
+    g.bench_function("memcpy-into-new-buffer", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("memcpy", iters, raw_copy(RawSocket::Memcpy, SIZE, iters as usize).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("raw-unix-socket", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("raw", iters, raw_copy(RawSocket::Unix, SIZE, iters as usize).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("tensorwire-unix", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("unix", iters, rt.block_on(send_time(&plain, SIZE, iters as usize)).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("tensorwire-shm", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("shm", iters, rt.block_on(send_time(&shm, SIZE, iters as usize)).unwrap() * iters as u32)
+        })
+    });
+    g.finish();
+    ratios.print_speed("shm 256MiB vs the Unix socket transport", "shm", "unix");
+    ratios.print_speed("shm 256MiB vs memcpy", "shm", "memcpy");
+    ratios.print_speed("unix 256MiB vs raw Unix socket", "unix", "raw");
+}
+
+#[cfg(not(feature = "shm"))]
+fn shm_256mib(_: &mut Criterion) {}
+
+criterion_group!(benches, transports, quic_1gib, grpc_256mib, shm_256mib);
 criterion_main!(benches);
