@@ -261,16 +261,12 @@ impl PeerSegment {
         if size == 0 {
             return Ok(Self { ptr: std::ptr::null(), len: 0 });
         }
-        // SAFETY: mapping exactly the sealed size of the file.
+        // SAFETY: mapping exactly the sealed size of the file. No
+        // MAP_POPULATE: faulting in a peer's sparse segment would allocate
+        // memory here for bytes no frame may ever name; pages are faulted in
+        // only as the bytes a frame names are read.
         let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
         };
         if ptr == libc::MAP_FAILED {
             return Err(format!("mmap failed: {}", io::Error::last_os_error()));
