@@ -147,6 +147,9 @@ pub(crate) struct Assembled {
     pub(crate) metadata: HashMap<String, String>,
 }
 
+/// Chunks of one tensor, at most (a 1 MiB-chunked tensor of 1 TiB).
+const MAX_CHUNKS: usize = 1 << 20;
+
 /// Tensors being reassembled at once on one call, at most.
 const MAX_PARTIAL: usize = 256;
 
@@ -168,6 +171,9 @@ impl Assembler {
                 Code::ResourceExhausted,
                 format!("more than {MAX_PARTIAL} tensors incomplete at once on one call"),
             ));
+        }
+        if c.data.is_empty() {
+            return Err(bad(format!("tensor {}: chunk {} has no data", c.tensor_id, c.chunk_number)));
         }
         let len = c.data.len() as u64;
         if self.buffered + len > self.max_bytes {
@@ -197,7 +203,12 @@ impl Assembler {
         if c.is_last {
             p.last = Some(c.chunk_number);
         }
-        if p.chunks.insert(c.chunk_number, c.data).is_some() {
+        if p.chunks.len() >= MAX_CHUNKS {
+            return Err(Status::new(Code::ResourceExhausted, format!("tensor {id}: more than {MAX_CHUNKS} chunks")));
+        }
+        // A copy: the chunk's bytes would otherwise pin the whole gRPC
+        // message buffer they were decoded from.
+        if p.chunks.insert(c.chunk_number, Bytes::copy_from_slice(&c.data)).is_some() {
             return Err(bad(format!("tensor {id}: chunk {} sent twice", c.chunk_number)));
         }
         if p.metadata.is_empty() {
@@ -205,7 +216,7 @@ impl Assembler {
         }
         p.bytes += len;
         self.buffered += len;
-        let expected = p.total.or(p.last.map(|l| l + 1));
+        let expected = p.total.or(p.last.and_then(|l| l.checked_add(1)));
         if expected != Some(p.chunks.len() as u32) {
             return Ok(None);
         }

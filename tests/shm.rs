@@ -188,3 +188,25 @@ async fn frames_that_lie_about_segments_are_refused() {
     let t = Tensor::from_vec([3], vec![1u8, 2, 3]).unwrap();
     assert_same(&t, &c.compute("identity", vec![t.clone()]).await.unwrap()[0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_held_tensors_than_the_peer_takes_segments_still_arrive() {
+    // Each tensor a receiver keeps holds its segment; past the peer's limit
+    // (256 per connection) the sender uses the socket instead of failing.
+    let (server, _dir) = start(store_server(ServerConfig::default()), "shm").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let tensors: Vec<Tensor> =
+        (0..300u64).map(|i| random_tensor(DType::UInt8, &[300 << 10], i).unwrap().with_name(format!("h{i}"))).collect();
+    let s = client.send(tensors.clone()).await.unwrap();
+    assert_eq!(s.received, 300);
+    let names: Vec<String> = (0..300).map(|i| format!("h{i}")).collect();
+    let back = client.fetch(tensorwire::FetchRequest::default().param("names", names.join(","))).await.unwrap();
+    assert_eq!(back.len(), 300);
+    for (a, b) in tensors.iter().zip(&back) {
+        assert_same(a, b);
+    }
+    // Still healthy afterwards, both ways.
+    let t = random_tensor(DType::UInt8, &[1 << 20], 7).unwrap().with_name("after");
+    client.send(vec![t.clone()]).await.unwrap();
+    assert_same(&t, &client.fetch_one("after").await.unwrap());
+}

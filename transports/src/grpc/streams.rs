@@ -159,6 +159,16 @@ impl SendStream for ResponseSend {
     }
 }
 
+impl Drop for ResponseSend {
+    fn drop(&mut self) {
+        // Dropped without finish (a handler that failed or panicked): the
+        // caller must see an abandoned call, not a complete one.
+        if self.tx.is_some() {
+            self.reset(0);
+        }
+    }
+}
+
 /// Client side: frames become the messages of the call's request stream
 /// (or, for unary requests, its one message).
 pub(crate) struct RequestSend {
@@ -169,6 +179,16 @@ pub(crate) struct RequestSend {
     pub(crate) sent: bool,
     pub(crate) id: u64,
     pub(crate) peer: Arc<str>,
+}
+
+impl Drop for RequestSend {
+    fn drop(&mut self) {
+        // Dropped without finish (a timed-out or cancelled call): end the
+        // request body with an error, never a clean end of stream.
+        if self.tx.is_some() {
+            self.reset.0.store(true, Ordering::Release);
+        }
+    }
 }
 
 #[async_trait]

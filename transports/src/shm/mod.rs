@@ -47,7 +47,9 @@ use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use self::segment::{MAGIC, Owner, SegmentWriter, SideChannel, op, recv_with_fd, send_with_fd, seqpacket_pair};
+use self::segment::{
+    MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, op, recv_with_fd, send_with_fd, seqpacket_pair,
+};
 use crate::config::ShmConfig;
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
@@ -121,6 +123,8 @@ struct Shared {
     lent: Mutex<HashMap<u64, Lent>>,
     /// Segments dropped from the pool, to tell the peer about.
     forget: Mutex<Vec<u64>>,
+    /// Segments being filled by a stream right now.
+    filling: std::sync::atomic::AtomicUsize,
 }
 
 struct Lent {
@@ -176,8 +180,11 @@ impl Shared {
     }
 
     /// A segment of at least `n` bytes and the budget for it: a pooled one
-    /// when one fits, else a new one (passed to the peer before use).
-    async fn acquire(&self, n: u64) -> Result<(u64, SegmentWriter, OwnedSemaphorePermit), std::io::Error> {
+    /// when one fits, else a new one (passed to the peer before use); None
+    /// when this connection already has as many live segments as the peer
+    /// accepts (the tensor then goes through the socket).
+    async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
+        self.expire_stale();
         let forget = std::mem::take(&mut *lock(&self.forget));
         for id in forget {
             self.side.send(id, op::FORGET, None).await?;
@@ -186,15 +193,7 @@ impl Shared {
         let permit = loop {
             match tokio::time::timeout(self.cfg.segment_timeout, self.budget.clone().acquire_many_owned(units)).await {
                 Ok(p) => break p.map_err(|_| std::io::Error::other("shared-memory budget closed"))?,
-                // Segments whose frames were never taken (their stream was
-                // abandoned) give their budget back after the timeout.
-                Err(_) => {
-                    for l in lock(&self.lent).values_mut() {
-                        if l.since.elapsed() >= self.cfg.segment_timeout {
-                            l.permit = None;
-                        }
-                    }
-                }
+                Err(_) => self.expire_stale(),
             }
         };
         let fits = |pool: &Vec<(u64, SegmentWriter)>| {
@@ -215,12 +214,45 @@ impl Shared {
             best.map(|i| pool.swap_remove(i))
         };
         if let Some((id, seg)) = reuse {
-            return Ok((id, seg, permit));
+            return Ok(Some((id, seg, permit)));
+        }
+        // Stay below the peer's limit on live segments: drop pooled ones
+        // first; if what the peer holds is already at the limit, use the socket.
+        let evicted = {
+            let mut pool = lock(&self.pool);
+            let live = pool.len() + lock(&self.lent).len() + self.filling.load(Ordering::Acquire);
+            let over = (live + 1).saturating_sub(MAX_SEGMENTS - 1);
+            let k = over.min(pool.len());
+            pool.drain(..k).map(|(id, _)| id).collect::<Vec<_>>()
+        };
+        for id in &evicted {
+            self.side.send(*id, op::FORGET, None).await?;
+        }
+        let live = lock(&self.pool).len() + lock(&self.lent).len() + self.filling.load(Ordering::Acquire);
+        if live + 1 >= MAX_SEGMENTS {
+            return Ok(None);
         }
         let seg = SegmentWriter::new(segment_size(n) as usize)?;
         let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
         self.side.send(id, op::NEW, Some(seg.fd())).await?;
-        Ok((id, seg, permit))
+        Ok(Some((id, seg, permit)))
+    }
+
+    /// Segments the peer never took within the timeout (their frame was
+    /// discarded with an abandoned stream): budget back, segment forgotten.
+    fn expire_stale(&self) {
+        let timeout = self.cfg.segment_timeout;
+        let mut lent = lock(&self.lent);
+        let stale: Vec<u64> = lent
+            .iter()
+            .filter(|(_, l)| l.permit.is_some() && l.since.elapsed() >= timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &stale {
+            lent.remove(id);
+        }
+        drop(lent);
+        lock(&self.forget).extend(stale);
     }
 }
 
@@ -256,6 +288,7 @@ pub(crate) fn wrap(
         pool: Mutex::new(Vec::new()),
         lent: Mutex::new(HashMap::new()),
         forget: Mutex::new(Vec::new()),
+        filling: std::sync::atomic::AtomicUsize::new(0),
     });
     let s = shared.clone();
     let reader = tokio::spawn(async move {
@@ -349,11 +382,13 @@ impl ShmSend {
             if !big {
                 return Ok(vec![frame]);
             }
-            let (id, seg, permit) = self
+            let acquired = self
                 .shared
                 .acquire(c.total_bytes)
                 .await
                 .map_err(|e| self.protocol(format!("no shared-memory segment: {e}")))?;
+            let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
+            self.shared.filling.fetch_add(1, Ordering::AcqRel);
             self.pending = Some(Filling { id, seg, permit, first: c.clone(), headers: Vec::new() });
         }
         let fits = match self.pending.as_mut() {
@@ -377,7 +412,7 @@ impl ShmSend {
             }
             return Ok(Vec::new());
         }
-        let Some(f) = self.pending.take() else { return Ok(Vec::new()) };
+        let Some(f) = self.take_pending() else { return Ok(Vec::new()) };
         let total = f.first.total_bytes;
         let id = f.id;
         lock(&self.shared.lent).insert(id, Lent { seg: f.seg, permit: Some(f.permit), since: Instant::now() });
@@ -391,9 +426,15 @@ impl ShmSend {
         Ok(vec![Frame::header_only(FrameHeader::new(Kind::Chunk(head)))])
     }
 
+    fn take_pending(&mut self) -> Option<Filling> {
+        let f = self.pending.take()?;
+        self.shared.filling.fetch_sub(1, Ordering::AcqRel);
+        Some(f)
+    }
+
     /// The chunks held in a segment, as ordinary frames.
     fn fall_back(&mut self) -> Result<Vec<Frame>, StreamError> {
-        let Some(f) = self.pending.take() else { return Ok(Vec::new()) };
+        let Some(f) = self.take_pending() else { return Ok(Vec::new()) };
         let mut out = Vec::with_capacity(f.headers.len());
         for header in f.headers {
             let Some(Kind::Chunk(c)) = &header.kind else { continue };
@@ -436,7 +477,7 @@ impl SendStream for ShmSend {
     }
 
     fn reset(&mut self, code: u32) {
-        if let Some(f) = self.pending.take() {
+        if let Some(f) = self.take_pending() {
             self.shared.give_back(f.id, f.seg);
         }
         self.inner.reset(code)
@@ -444,6 +485,15 @@ impl SendStream for ShmSend {
 
     fn id(&self) -> u64 {
         self.inner.id()
+    }
+}
+
+impl Drop for ShmSend {
+    fn drop(&mut self) {
+        // A stream dropped in the middle of a tensor: the segment stays ours.
+        if let Some(f) = self.take_pending() {
+            self.shared.give_back(f.id, f.seg);
+        }
     }
 }
 

@@ -33,7 +33,23 @@ use tokio::sync::Notify;
 pub(crate) const MAGIC: &[u8; 8] = b"TWSHM\x01\0\0";
 
 /// Segments the peer may have passed on one connection at once, at most.
-const MAX_SEGMENTS: usize = 256;
+/// Writers keep their live segments below this.
+pub(crate) const MAX_SEGMENTS: usize = 256;
+
+/// Peer segments mapped in this process, across all connections, at most:
+/// a few hostile local clients must not exhaust the address space or
+/// `vm.max_map_count` (65,530 by default) of a server.
+const MAX_MAPPED_SEGMENTS: u64 = 16_384;
+/// Bytes of peer segments mapped in this process, at most (address space
+/// only; pages are faulted in as frames' bytes are read).
+const MAX_MAPPED_BYTES: u64 = 4 << 40;
+
+static MAPPED_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Messages to the peer wait at most this long for room in the socket: a
+/// peer that stops reading its side channel is cut off, not waited for.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Side-channel operations (16-byte messages: segment id, operation).
 pub(crate) mod op {
@@ -78,7 +94,8 @@ pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<us
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut cbuf = vec![0u8; space];
+    // u64 elements: aligned for cmsghdr.
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: msghdr is plain data; every pointer set below outlives the
     // sendmsg call (iov, cbuf), and the control buffer is CMSG_SPACE bytes
     // for one descriptor, as CMSG_FIRSTHDR/CMSG_DATA expect.
@@ -104,7 +121,7 @@ pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> i
     // Room for a few descriptors, so extra ones can be closed rather than leaked.
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE((4 * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut cbuf = vec![0u8; space];
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: as in send_with_fd; the kernel fills at most msg_controllen
     // bytes of cbuf, and we read only the headers it reports.
     unsafe {
@@ -261,6 +278,18 @@ impl PeerSegment {
         if size == 0 {
             return Ok(Self { ptr: std::ptr::null(), len: 0 });
         }
+        use std::sync::atomic::Ordering::AcqRel;
+        let count = MAPPED_SEGMENTS.fetch_add(1, AcqRel) + 1;
+        let bytes = MAPPED_BYTES.fetch_add(size, AcqRel) + size;
+        if count > MAX_MAPPED_SEGMENTS || bytes > MAX_MAPPED_BYTES {
+            MAPPED_SEGMENTS.fetch_sub(1, AcqRel);
+            MAPPED_BYTES.fetch_sub(size, AcqRel);
+            return Err(format!(
+                "this process already maps {} peer segments ({} bytes): limit reached",
+                count - 1,
+                bytes - size
+            ));
+        }
         // SAFETY: mapping exactly the sealed size of the file. No
         // MAP_POPULATE: faulting in a peer's sparse segment would allocate
         // memory here for bytes no frame may ever name; pages are faulted in
@@ -269,6 +298,8 @@ impl PeerSegment {
             libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
         };
         if ptr == libc::MAP_FAILED {
+            MAPPED_SEGMENTS.fetch_sub(1, AcqRel);
+            MAPPED_BYTES.fetch_sub(size, AcqRel);
             return Err(format!("mmap failed: {}", io::Error::last_os_error()));
         }
         Ok(Self { ptr: ptr as *const u8, len: size as usize })
@@ -285,6 +316,8 @@ impl Drop for PeerSegment {
         if self.len > 0 {
             // SAFETY: ptr/len is the mapping made in map(), unmapped once.
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+            MAPPED_SEGMENTS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            MAPPED_BYTES.fetch_sub(self.len as u64, std::sync::atomic::Ordering::AcqRel);
         }
     }
 }
@@ -425,8 +458,16 @@ impl SideChannel {
         Ok(())
     }
 
-    /// Sends one message, with `fd` attached when given.
+    /// Sends one message, with `fd` attached when given, waiting at most
+    /// [`SEND_TIMEOUT`] for room in the socket.
     pub(crate) async fn send(&self, id: u64, operation: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
+        match tokio::time::timeout(SEND_TIMEOUT, self.send_now(id, operation, fd)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the peer does not read its side channel")),
+        }
+    }
+
+    async fn send_now(&self, id: u64, operation: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
         let mut msg = [0u8; 16];
         msg[..8].copy_from_slice(&id.to_le_bytes());
         msg[8..].copy_from_slice(&operation.to_le_bytes());
@@ -455,8 +496,10 @@ impl SideChannel {
             let readable = tokio::select! {
                 r = self.sock.readable() => r,
                 id = released.recv() => {
-                    if let Some(id) = id {
-                        let _ = self.send(id, op::RELEASED, None).await;
+                    if let Some(id) = id
+                        && let Err(e) = self.send(id, op::RELEASED, None).await
+                    {
+                        break e.to_string();
                     }
                     continue;
                 }
@@ -476,6 +519,9 @@ impl SideChannel {
             }
         };
         self.closed.store(true, std::sync::atomic::Ordering::Release);
+        // Tell the peer at once (it may still hold our end open otherwise).
+        // SAFETY: shutdown on our own socket.
+        unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
         self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.arrived.notify_waiters();
         reason
@@ -502,7 +548,9 @@ impl SideChannel {
         if len > seg.len() as u64 {
             return Err(format!("frame claims {len} bytes of a {}-byte segment", seg.len()));
         }
-        let _ = self.send(id, op::TAKEN, None).await;
+        if let Err(e) = self.send(id, op::TAKEN, None).await {
+            return Err(format!("segment {id}: {e}"));
+        }
         Ok(Bytes::from_owner(View { seg, len: len as usize, id, side: Arc::downgrade(self) }))
     }
 }
