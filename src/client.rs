@@ -382,11 +382,7 @@ impl Client {
                 return Err(explain(e, &mut r).await);
             }
         }
-        w.finish().await?;
-        let (_, reply) = read_outputs(&mut r).await?;
-        self.count(&w, &r);
-        self.inner.stats.record(true, started.elapsed(), None);
-        Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
+        self.finish_send(w, r, started).await
     }
 
     /// Sends tensors that live in GPU memory to the server's `send` handler.
@@ -437,11 +433,7 @@ impl Client {
                 Err(e) => return Err(CallError::InvalidArgument(format!("GPU copy task failed: {e}"))),
             }
         }
-        w.finish().await?;
-        let (_, reply) = read_outputs(&mut r).await?;
-        self.count(&w, &r);
-        self.inner.stats.record(true, started.elapsed(), None);
-        Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
+        self.finish_send(w, r, started).await
     }
 
     /// Fetches tensors into GPU memory: they arrive in host memory and are
@@ -459,6 +451,20 @@ impl Client {
             .await
             .map_err(|e| CallError::InvalidArgument(format!("GPU copy task failed: {e}")))?
             .map_err(|e| CallError::InvalidArgument(e.to_string()))
+    }
+
+    /// Ends a send call that runs outside the retry loop and reads its summary.
+    async fn finish_send(
+        &self,
+        mut w: FrameWriter,
+        mut r: FrameReader,
+        started: Instant,
+    ) -> Result<SendSummary, CallError> {
+        w.finish().await?;
+        let (_, reply) = read_outputs(&mut r).await?;
+        self.count(&w, &r);
+        self.inner.stats.record(true, started.elapsed(), None);
+        Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
     }
 
     /// Asks the server's `fetch` handler for tensors; they arrive as a stream.

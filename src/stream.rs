@@ -168,28 +168,16 @@ impl FrameWriter {
         let codec = tensorwire_codecs::codec(codec_kind).map_err(|e| CallError::Unsupported(e.to_string()))?;
         let encoded = codec.encode(t)?;
         let total = encoded.len();
-        if let Some(l) = &self.caps.limits
-            && l.max_tensor_bytes > 0
-            && total > l.max_tensor_bytes
-        {
-            return Err(CallError::Limit {
-                what: "tensor (the peer's max_tensor_bytes)",
-                size: total,
-                limit: l.max_tensor_bytes,
-            });
-        }
+        self.check_peer_limit(total)?;
         let info = info_to_wire(&encoded.info, codec_kind);
         let crc =
             self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
         let itemsize = t.dtype().itemsize();
         let (compression, shuffle) = self.choose_compression(&encoded.segments, itemsize);
-        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
-        if self.max_frame_payload > 0 {
-            chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
-        }
+        let chunk_size = self.chunk_size();
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
-        let mut chunker = Chunker::new(id, info, encoded, chunk_size as usize);
+        let mut chunker = Chunker::new(id, info, encoded, chunk_size);
         if let Some(crc) = crc {
             chunker = chunker.with_crc32c(crc);
         }
@@ -223,6 +211,28 @@ impl FrameWriter {
         Ok(total)
     }
 
+    /// Fails when a tensor of `total` bytes exceeds the peer's announced limit.
+    fn check_peer_limit(&self, total: u64) -> Result<(), CallError> {
+        match &self.caps.limits {
+            Some(l) if l.max_tensor_bytes > 0 && total > l.max_tensor_bytes => Err(CallError::Limit {
+                what: "tensor (the peer's max_tensor_bytes)",
+                size: total,
+                limit: l.max_tensor_bytes,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Payload bytes per chunk: the configured chunk size, within the
+    /// peer's largest frame (kept a multiple of 64).
+    fn chunk_size(&self) -> usize {
+        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
+        if self.max_frame_payload > 0 {
+            chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
+        }
+        chunk_size.max(1) as usize
+    }
+
     /// Sends a raw-codec tensor of `total` bytes whose payload arrives in
     /// pieces (GPU staging buffers): each piece leaves as soon as it
     /// arrives, so producing piece k+1 overlaps sending piece k.
@@ -233,21 +243,8 @@ impl FrameWriter {
         total: u64,
         pieces: &mut tokio::sync::mpsc::Receiver<Result<Bytes, CallError>>,
     ) -> Result<u64, CallError> {
-        if let Some(l) = &self.caps.limits
-            && l.max_tensor_bytes > 0
-            && total > l.max_tensor_bytes
-        {
-            return Err(CallError::Limit {
-                what: "tensor (the peer's max_tensor_bytes)",
-                size: total,
-                limit: l.max_tensor_bytes,
-            });
-        }
-        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
-        if self.max_frame_payload > 0 {
-            chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
-        }
-        let chunk_size = chunk_size.max(1) as usize;
+        self.check_peer_limit(total)?;
+        let chunk_size = self.chunk_size();
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
         let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));

@@ -339,6 +339,18 @@ impl Connection for ShmConnection {
     }
 }
 
+/// What [`ShmSend`] needs to know of a chunk header.
+#[derive(Clone, Copy)]
+struct ChunkFacts {
+    tensor_id: u64,
+    uncompressed: bool,
+    has_info: bool,
+    offset: u64,
+    total_bytes: u64,
+    last: bool,
+    crc32c: Option<u32>,
+}
+
 /// A tensor being copied into a segment, chunk by chunk.
 struct Filling {
     id: u64,
@@ -362,8 +374,17 @@ impl ShmSend {
 
     /// Turns a frame into zero or more frames to send on the socket.
     async fn convert(&mut self, frame: Frame) -> Result<Vec<Frame>, StreamError> {
+        // The fields decided on (no clone of the header per frame).
         let chunk = match &frame.header.kind {
-            Some(Kind::Chunk(c)) => Some(c.clone()),
+            Some(Kind::Chunk(c)) => Some(ChunkFacts {
+                tensor_id: c.tensor_id,
+                uncompressed: c.compression == v1::Compression::None as i32,
+                has_info: c.info.is_some(),
+                offset: c.offset,
+                total_bytes: c.total_bytes,
+                last: c.last,
+                crc32c: c.crc32c,
+            }),
             _ => None,
         };
         let Some(c) = chunk else {
@@ -374,8 +395,8 @@ impl ShmSend {
         };
         if self.pending.is_none() {
             let big = !self.shared.side.is_closed()
-                && c.info.is_some()
-                && c.compression == v1::Compression::None as i32
+                && c.has_info
+                && c.uncompressed
                 && c.offset == 0
                 && c.total_bytes >= self.shared.cfg.min_tensor_bytes.max(1)
                 && c.total_bytes <= self.shared.cfg.max_segment_bytes;
@@ -389,13 +410,12 @@ impl ShmSend {
                 .map_err(|e| self.protocol(format!("no shared-memory segment: {e}")))?;
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
             self.shared.filling.fetch_add(1, Ordering::AcqRel);
-            self.pending = Some(Filling { id, seg, permit, first: c.clone(), headers: Vec::new() });
+            let Some(Kind::Chunk(first)) = frame.header.kind.clone() else { return Ok(vec![frame]) };
+            self.pending = Some(Filling { id, seg, permit, first, headers: Vec::new() });
         }
         let fits = match self.pending.as_mut() {
             Some(f) => {
-                c.tensor_id == f.first.tensor_id
-                    && c.compression == v1::Compression::None as i32
-                    && f.seg.write(c.offset as usize, &frame.payload)
+                c.tensor_id == f.first.tensor_id && c.uncompressed && f.seg.write(c.offset as usize, &frame.payload)
             }
             None => false,
         };

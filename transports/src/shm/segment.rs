@@ -89,6 +89,21 @@ pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A message header over one buffer and a control buffer of `space` bytes.
+///
+/// # Safety
+/// `iov` and `cbuf` must outlive every use of the returned header, and
+/// `cbuf` must hold at least `space` bytes.
+unsafe fn msghdr(iov: &mut libc::iovec, cbuf: &mut [u64], space: usize) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    msg
+}
+
 /// Sends `data` with `fd` attached (`SCM_RIGHTS`) on the socket `sock`.
 pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
@@ -100,11 +115,7 @@ pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<us
     // sendmsg call (iov, cbuf), and the control buffer is CMSG_SPACE bytes
     // for one descriptor, as CMSG_FIRSTHDR/CMSG_DATA expect.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space as _;
+        let msg = msghdr(&mut iov, &mut cbuf, space);
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
@@ -125,11 +136,7 @@ pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> i
     // SAFETY: as in send_with_fd; the kernel fills at most msg_controllen
     // bytes of cbuf, and we read only the headers it reports.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space as _;
+        let mut msg = msghdr(&mut iov, &mut cbuf, space);
         let n = cvt_size(libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC))?;
         let mut first = None;
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
