@@ -110,3 +110,30 @@ pub fn reassembly(data: &[u8]) {
         }
     }
 }
+
+/// The skytorch chunk reassembler and the torch decoder behind it: the
+/// input is a sequence of protobuf `TensorChunk`s, each prefixed by a
+/// 2-byte little-endian length.
+#[cfg(feature = "torch")]
+pub fn compat_chunks(data: &[u8]) {
+    use tensorwire_proto::compat::TensorChunk;
+    let limits = crate::config::Limits { max_tensor_bytes: 64 << 20, ..Default::default() };
+    let mut asm = crate::compat::Assembler::new(limits.max_tensor_bytes);
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let n = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
+        let (msg, tail) = rest[2..].split_at(n);
+        rest = tail;
+        let Ok(c) = TensorChunk::decode(msg) else { continue };
+        match asm.push(c) {
+            Ok(Some(a)) => {
+                if let Ok(t) = crate::compat::decode_tensor(a.bytes, &limits) {
+                    let _ = t.crc32c();
+                }
+            }
+            Ok(None) => {}
+            Err(_) => return,
+        }
+    }
+    let _ = asm.finish();
+}

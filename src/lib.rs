@@ -108,6 +108,8 @@ pub mod builtins;
 pub mod chunk;
 mod client;
 mod coalesce;
+#[cfg(feature = "torch")]
+pub(crate) mod compat;
 pub mod config;
 mod connect;
 #[cfg(feature = "cuda")]

@@ -13,6 +13,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("zstd", tensorwire::fuzzing::zstd),
     ("mux_frames", tensorwire::fuzzing::mux_frames),
     ("reassembly", tensorwire::fuzzing::reassembly),
+    ("compat_chunks", tensorwire::fuzzing::compat_chunks),
 ];
 
 fn corpus(name: &str) -> std::path::PathBuf {
