@@ -7,13 +7,17 @@
 //! `-- grpc` the gRPC group; `-- shm` shared memory next to the Unix
 //! socket and memcpy.
 
+// The measurement helpers are the CLI's (`tensorwire bench`), not the
+// library's: included by path so both run the same code.
+#[path = "../src/bin/tensorwire/harness/mod.rs"]
+mod harness;
 mod ratio;
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use tensorwire::Client;
-use tensorwire::bench::{
+use harness::{
     RawSocket, ServerThread, bench_server, call_round_trips, fetch_time, raw_copy, raw_round_trips, send_time,
 };
 

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example server -- tcp://127.0.0.1:7070
 //! ```
-use tensorwire::store::StoreService;
+use tensorwire::StoreService;
 use tensorwire::{Server, Status, Tensor};
 
 #[tokio::main]

@@ -1,4 +1,7 @@
-//! Client and server settings: plain structs with documented units and defaults.
+//! Client and server settings: plain structs with documented units and
+//! defaults. This file is the one home of every default of the `tensorwire`
+//! crate (the CLI's flags read them from here), and of the tuning numbers
+//! the pipeline uses on its hot paths.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -8,10 +11,50 @@ use tensorwire_codecs::{CodecKind, CompressionMode, DecodeLimits};
 use tensorwire_proto::v1;
 use tensorwire_transports::TransportConfig;
 
-use crate::retry::RetryPolicy;
+use crate::rpc::retry::RetryPolicy;
+use crate::transport::Transports;
+
+/// This crate's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Default chunk size: 1 MiB, as the Python seed uses.
 pub const DEFAULT_CHUNK_SIZE: usize = 1 << 20;
+/// Default largest tensor a receiver accepts: 16 GiB.
+pub const DEFAULT_MAX_TENSOR_BYTES: u64 = 16 << 30;
+/// Default most dimensions of a received tensor.
+pub const DEFAULT_MAX_DIMS: usize = 64;
+/// Default most tensors in one call.
+pub const DEFAULT_MAX_TENSORS_PER_CALL: u32 = 100_000;
+/// Default memory budget of the [`StoreService`](crate::StoreService): 8 GiB.
+pub const DEFAULT_MAX_STORE_BYTES: u64 = 8 << 30;
+/// Default service name reported in the handshake and by `info`.
+pub const DEFAULT_SERVICE_NAME: &str = "tensorwire";
+/// Default time a client has to complete the handshake.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a graceful shutdown waits for calls in flight.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How often expired task results are swept even when nobody asks.
+pub(crate) const TASK_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+// Tuning of the pipeline's hot paths (not settings: named here so they have
+// one home and a reason).
+
+/// Small frames are held back and leave together once this many payload
+/// bytes are pending (a small call is then one write on each side).
+pub(crate) const HOLD_FLUSH_BYTES: usize = 64 << 10;
+/// Chunks shorter than this are sent uncompressed: compression cannot save
+/// the cost of its own framing on them.
+pub(crate) const MIN_COMPRESS_BYTES: usize = 512;
+/// Below this, `auto` compression cannot save enough time to pay for
+/// trying (sampling costs tens of microseconds).
+pub(crate) const AUTO_COMPRESS_MIN_BYTES: usize = 256 << 10;
+/// `auto` compression decides from a sample of this many bytes.
+pub(crate) const AUTO_COMPRESS_SAMPLE_BYTES: usize = 256 << 10;
+/// Transfers shorter than this say little about a link's throughput.
+pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
+/// Weight of the newest transfer in the link throughput estimate
+/// (an exponentially weighted moving average).
+pub(crate) const LINK_ESTIMATE_WEIGHT: f64 = 0.3;
 
 /// Limits a receiver enforces on what it is sent. Checked before anything
 /// is allocated; the sender learns the peer's in the handshake and refuses
@@ -28,7 +71,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_tensor_bytes: 16 << 30, max_dims: 64, max_tensors_per_call: 100_000 }
+        Self {
+            max_tensor_bytes: DEFAULT_MAX_TENSOR_BYTES,
+            max_dims: DEFAULT_MAX_DIMS,
+            max_tensors_per_call: DEFAULT_MAX_TENSORS_PER_CALL,
+        }
     }
 }
 
@@ -97,6 +144,9 @@ impl Encoding {
 pub struct ClientConfig {
     /// Transport settings (windows, TLS, QUIC, ...).
     pub transport: TransportConfig,
+    /// Transports of your own, used for the schemes they name (default:
+    /// none, the built-in transports serve every scheme).
+    pub transports: Transports,
     /// How tensors this client sends are encoded.
     pub encoding: Encoding,
     /// Limits on what this client receives.
@@ -114,7 +164,7 @@ pub struct ClientConfig {
     /// each chunk moves (for progress bars).
     pub progress: Option<Arc<AtomicU64>>,
     /// Stack concurrent calls of the same batched function into one call
-    /// (default true; see the `coalesce` notes on [`crate::Client::call`]).
+    /// (default true; see [`Client::call`](crate::Client::call)).
     pub coalesce: bool,
 }
 
@@ -122,6 +172,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         Self {
             transport: TransportConfig::default(),
+            transports: Transports::default(),
             encoding: Encoding::default(),
             limits: Limits::default(),
             timeout: None,
@@ -139,6 +190,9 @@ impl Default for ClientConfig {
 pub struct ServerConfig {
     /// Transport settings.
     pub transport: TransportConfig,
+    /// Transports of your own, used for the schemes they name (default:
+    /// none). See [`ServerBuilder::transport`](crate::ServerBuilder::transport).
+    pub transports: Transports,
     /// How tensors the server sends are encoded, unless a call asks otherwise.
     pub encoding: Encoding,
     /// Limits on what the server receives.
@@ -160,12 +214,13 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             transport: TransportConfig::default(),
+            transports: Transports::default(),
             encoding: Encoding::default(),
             limits: Limits::default(),
-            service_name: "tensorwire".into(),
+            service_name: DEFAULT_SERVICE_NAME.into(),
             auth_token: None,
-            handshake_timeout: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(30),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             placement: true,
         }
     }

@@ -8,12 +8,35 @@
 //! the same client and server code runs over every one.
 //!
 //! ```text
-//!  user code ──► Client / Server          send · fetch · exchange · call(name) · batched · tasks
-//!                  │  Tensor ⇄ payload     codecs: raw │ torch │ safetensors  ×  none │ lz4 │ zstd (+shuffle)
-//!                  │  payload ⇄ chunks     sans-IO chunker/reassembler (chunk module)
-//!                  ▼  frames               transports: tcp │ unix │ quic │ grpc │ shm
-//!                the wire                  proto: FrameHeader (prost) + raw payload bytes
+//!  user code ──► Client / Server           client/  server/   send · fetch · exchange · call(name) · tasks
+//!                  │  calls, functions      rpc/               values, functions, batching, tasks, retry
+//!                  │  grpc extras           grpc/              health, reflection, skytorch compat
+//!                  │  Tensor ⇄ chunks       pipeline/          sans-IO chunker/reassembler + async drivers
+//!                  │  Tensor ⇄ payload      tensorwire-codecs  raw │ torch │ safetensors × none │ lz4 │ zstd
+//!                  ▼  frames                tensorwire-transports  tcp │ unix │ quic │ grpc │ shm (+ yours)
+//!                the wire                   tensorwire-proto   FrameHeader (prost) + raw payload bytes
 //! ```
+//!
+//! ## Layout
+//!
+//! Folders by concern; a file imports only from its own folder and the
+//! folders below it in this list, never upward (checked by
+//! `python3 tools/import_cycles.py`, which CI runs):
+//!
+//! | folder | what lives there |
+//! |---|---|
+//! | `client/` | [`Client`]: session and retries, tensor calls, RPC calls, coalescing, [`BlockingClient`], GPU sends |
+//! | `server/` | [`ServerBuilder`], [`RunningServer`], accept loop, dispatcher, [`TensorService`], [`StoreService`] |
+//! | `grpc/` | gRPC health/reflection, the skytorch compat service and its chunk format, [`grpc::CompatClient`] |
+//! | `rpc/` | [`Call`], [`Output`], [`Value`]/[`Args`], [`Function`], batching, tasks, [`builtins`], [`RetryPolicy`] |
+//! | `observe/` | [`Statistics`], [`Histogram`], [`ServiceInfo`], the Prometheus endpoint |
+//! | `pipeline/` | the sans-IO chunker/reassembler, frame reader/writer, [`TensorStream`]/[`TensorSink`] |
+//! | `cuda/` | GPU tensors (feature `cuda`) |
+//! | `util/` | poison-tolerant locks, host facts |
+//! | `config.rs`, `error.rs` | every default (one home), the error types |
+//!
+//! The `tensorwire` command-line program (`src/bin/tensorwire/`) is a user
+//! of this library like any other.
 //!
 //! ## Quick start
 //!
@@ -102,78 +125,53 @@
 //! the whole payload rides on the last chunk.
 #![warn(missing_docs)]
 
-mod batch;
-pub mod bench;
-pub mod builtins;
-pub mod chunk;
 mod client;
-mod coalesce;
-#[cfg(feature = "torch")]
-pub(crate) mod compat;
-pub mod config;
-mod connect;
+mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod dispatch;
-pub mod error;
-mod function;
+mod error;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 #[cfg(feature = "grpc")]
 pub mod grpc;
-mod info;
-#[cfg(feature = "metrics")]
-pub mod metrics;
-mod pipe;
-pub mod retry;
+mod observe;
+mod pipeline;
+mod rpc;
 mod server;
-mod service;
-mod stats;
-pub mod store;
-pub mod stream;
-mod tasks;
-pub mod value;
-pub mod wire;
+pub mod transport;
+mod util;
 
-pub use batch::BatchConfig;
-pub use client::{BlockingClient, CallOptions, Client};
-pub use config::{ClientConfig, Encoding, Limits, ServerConfig};
+pub use client::blocking::BlockingClient;
+pub use client::session::{CallOptions, Client};
+pub use config::{
+    ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIMS, DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TENSOR_BYTES,
+    DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig, VERSION,
+};
 pub use error::{CallError, Code, Status};
-pub use function::{Call, Function, Output, TensorSpec};
-pub use info::{FunctionInfo, FunctionStatistics, ServiceInfo};
-pub use retry::{RetryPolicy, RetryStrategy};
-pub use server::{RunningServer, ServeError, Server, ServerBuilder};
-pub use service::{CallContext, Cancellation, EchoService, FetchRequest, SendSummary, TensorService};
-pub use stats::{Histogram, Statistics};
-pub use stream::{TensorSink, TensorStream};
-pub use tasks::{TaskConfig, TaskState};
-pub use value::{Args, Value};
+#[cfg(feature = "metrics")]
+pub use observe::metrics::MetricsEndpoint;
+pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};
+pub use observe::stats::{Histogram, Statistics};
+pub use pipeline::tensors::{TensorSink, TensorStream};
+pub use pipeline::wire::PROTOCOL_VERSION;
+pub use rpc::batch::BatchConfig;
+pub use rpc::builtins;
+pub use rpc::call::{Call, CallContext, Cancellation, FetchRequest, Output, SendSummary};
+pub use rpc::function::{Function, TensorSpec};
+pub use rpc::retry::{RetryPolicy, RetryStrategy};
+pub use rpc::tasks::{TaskConfig, TaskState};
+pub use rpc::value::{Args, Value};
+pub use server::builder::{ServeError, Server, ServerBuilder};
+pub use server::running::RunningServer;
+pub use server::service::{EchoService, TensorService};
+pub use server::store::{StoreService, parse_shape};
 
+/// The tensor model and the file formats (torch.save, safetensors) and
+/// compressors: the `tensorwire-codecs` crate.
 pub use tensorwire_codecs as codecs;
 pub use tensorwire_codecs::{
     AlignedBuf, CodecKind, Complex, Compression, CompressionMode, DType, Device, Element, F8E4M3, F8E5M2, Storage,
     Tensor, TensorError,
 };
-pub use tensorwire_proto as proto;
-pub use tensorwire_transports as transports;
 pub use tensorwire_transports::{ConnectError, Endpoint, ListenError, Scheme, StreamError, TransportConfig};
-
-/// The wire protocol version.
-pub const PROTOCOL_VERSION: u32 = tensorwire_proto::PROTOCOL_VERSION;
-
-/// This crate's version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Identifies this host for same-host detection: the kernel's boot id.
-pub(crate) fn host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
-}
-
-/// Devices this process can put tensors on.
-pub(crate) fn devices() -> Vec<String> {
-    #[allow(unused_mut)]
-    let mut d = vec!["cpu".to_string()];
-    #[cfg(feature = "cuda")]
-    d.extend(cuda::device_names());
-    d
-}

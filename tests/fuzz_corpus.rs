@@ -47,8 +47,8 @@ fn write_seed_corpus() {
     use tensorwire::codecs::compress::{Compression, Compressor};
     use tensorwire::codecs::torch::{self, SaveOptions, Value};
     use tensorwire::codecs::{DType, Tensor, safetensors};
-    use tensorwire::proto::v1::{self, FrameHeader, frame_header::Kind};
-    use tensorwire::transports::mux::frame::{self, Head, Kind as MuxKind};
+    use tensorwire_proto::v1::{self, FrameHeader, frame_header::Kind};
+    use tensorwire_transports::mux::frame::{self, Head, Kind as MuxKind};
 
     let put = |target: &str, name: &str, data: &[u8]| {
         std::fs::create_dir_all(corpus(target)).unwrap();

@@ -22,7 +22,7 @@ fn proto_dir() -> String {
 }
 
 fn host_port(url: &str) -> String {
-    tensorwire::transports::Endpoint::parse(url).unwrap().authority()
+    tensorwire_transports::Endpoint::parse(url).unwrap().authority()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,8 +177,8 @@ async fn rust_compat_client_talks_to_a_python_skytorch_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compat_client_against_the_rust_server_and_bad_compat_input() {
-    use tensorwire::proto::compat::TensorChunk;
-    use tensorwire::proto::compat::service_client::ServiceClient;
+    use tensorwire_proto::compat::TensorChunk;
+    use tensorwire_proto::compat::service_client::ServiceClient;
 
     for scheme in ["grpc", "grpcs", "grpc+unix"] {
         let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
@@ -208,8 +208,8 @@ async fn compat_client_against_the_rust_server_and_bad_compat_input() {
             continue;
         }
         // Bad input through the raw protocol: clear errors, and the server keeps serving.
-        let chan = tensorwire::transports::grpc::channel(
-            &tensorwire::transports::Endpoint::parse(&url).unwrap(),
+        let chan = tensorwire_transports::grpc::channel(
+            &tensorwire_transports::Endpoint::parse(&url).unwrap(),
             &Default::default(),
         )
         .await
@@ -257,18 +257,18 @@ async fn auth_token_is_checked_on_every_grpc_call() {
     // Refused at the handshake, and a call that skips it is refused too.
     let e = Client::connect(&url).await.unwrap_err();
     assert!(e.to_string().contains("auth token"), "{e}");
-    let ep = tensorwire::transports::Endpoint::parse(&url).unwrap();
-    let conn = tensorwire::transports::connect(&ep, &Default::default()).await.unwrap();
-    let (mut tx, mut rx) = conn.open(tensorwire::transports::StreamKind::Call).await.unwrap();
+    let ep = tensorwire_transports::Endpoint::parse(&url).unwrap();
+    let conn = tensorwire_transports::connect(&ep, &Default::default()).await.unwrap();
+    let (mut tx, mut rx) = conn.open(tensorwire_transports::StreamKind::Call).await.unwrap();
     let req =
-        tensorwire::proto::v1::Request { method: tensorwire::proto::v1::Method::Info as i32, ..Default::default() };
-    let kind = tensorwire::proto::v1::frame_header::Kind::Request(Box::new(req));
-    tx.send_last(tensorwire::transports::Frame::header_only(tensorwire::transports::FrameHeader::new(kind)))
+        tensorwire_proto::v1::Request { method: tensorwire_proto::v1::Method::Info as i32, ..Default::default() };
+    let kind = tensorwire_proto::v1::frame_header::Kind::Request(Box::new(req));
+    tx.send_last(tensorwire_transports::Frame::header_only(tensorwire_transports::FrameHeader::new(kind)))
         .await
         .unwrap();
     let h = rx.recv().await.unwrap().unwrap().header;
     match h.kind {
-        Some(tensorwire::proto::v1::frame_header::Kind::Error(e)) => assert!(e.message.contains("auth token"), "{e:?}"),
+        Some(tensorwire_proto::v1::frame_header::Kind::Error(e)) => assert!(e.message.contains("auth token"), "{e:?}"),
         other => panic!("expected an error, got {other:?}"),
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use tensorwire::builtins::random_tensor;
-use tensorwire::proto::v1::{self, frame_header::Kind};
-use tensorwire::transports::{self, Frame, FrameHeader, StreamKind};
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind};
 use tensorwire::{
     Args, CallError, Client, ClientConfig, Code, CodecKind, Compression, CompressionMode, DType, Encoding,
     FetchRequest, Limits, ServerConfig, Tensor,

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::pki::pki;
 use common::*;
 use tensorwire::builtins::random_tensor;
-use tensorwire::transports::config::{Congestion, TlsConfig};
-use tensorwire::transports::{self, Endpoint};
+use tensorwire_transports::config::{Congestion, TlsConfig};
+use tensorwire_transports::{self as transports, Endpoint};
 use tensorwire::{Client, ClientConfig, DType, FetchRequest, ServerConfig, TransportConfig};
 
 fn server_config(tls: TlsConfig) -> ServerConfig {
@@ -230,10 +230,10 @@ async fn every_congestion_controller_moves_tensors() {
 mod striping {
     use super::*;
     use bytes::Bytes;
-    use tensorwire::proto::v1::{self, frame_header::Kind};
-    use tensorwire::transports::quic::group::STRIPE_ALPN;
-    use tensorwire::transports::quic::{self, quinn};
-    use tensorwire::transports::{Connection, Frame, FrameHeader, Payload, StreamKind};
+    use tensorwire_proto::v1::{self, frame_header::Kind};
+    use tensorwire_transports::quic::group::STRIPE_ALPN;
+    use tensorwire_transports::quic::{self, quinn};
+    use tensorwire_transports::{Connection, Frame, FrameHeader, Payload, StreamKind};
 
     fn frame(i: u64, len: usize) -> Frame {
         let payload: Vec<u8> = (0..len).map(|j| (j as u64).wrapping_mul(31).wrapping_add(i) as u8).collect();

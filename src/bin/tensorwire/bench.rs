@@ -1,0 +1,276 @@
+//! `tensorwire bench`: every enabled transport on loopback, next to its raw
+//! baseline measured in the same run. The server runs on its own thread and
+//! runtime, the client on this thread, as two processes would; each figure
+//! alternates with its baseline over several rounds and reports medians,
+//! because loopback timings on shared machines are noisy.
+
+use clap::Args as ClapArgs;
+use crate::harness::{
+    RawSocket, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
+    function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time,
+};
+use tensorwire::{Client, ClientConfig, Server};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const DEFAULT_TRANSPORTS: &str = if cfg!(all(feature = "quic", feature = "grpc", feature = "shm")) {
+    "tcp,unix,shm,quic,grpc"
+} else if cfg!(feature = "quic") {
+    "tcp,unix,quic"
+} else {
+    "tcp,unix"
+};
+
+/// Options of `tensorwire bench`.
+#[derive(ClapArgs, Debug)]
+pub struct BenchArgs {
+    /// Transports to measure.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_TRANSPORTS)]
+    transports: Vec<String>,
+    /// Tensor sizes for throughput (K, M, G suffixes).
+    #[arg(long, value_delimiter = ',', default_value = "1M,64M,256M")]
+    sizes: Vec<String>,
+    /// Rough time budget per throughput measurement, in seconds.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Rounds per figure (each alternates with its baseline); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Round trips per latency measurement.
+    #[arg(long, default_value_t = 2000)]
+    round_trips: usize,
+    /// Calls for the calls-per-second figure (64 in flight on one connection).
+    #[arg(long, default_value_t = 50_000)]
+    calls: usize,
+    /// Examples for the batching figure (256 callers, 4 KiB inputs, over Unix); 0 skips it.
+    #[arg(long, default_value_t = 300_000)]
+    batch_examples: usize,
+    /// QUIC only: also measure throughput with the connection striped over
+    /// this many QUIC connections (server and client then get 2 runtime
+    /// threads each, so that the stripes can use more than one core); 1 skips it.
+    #[arg(long, default_value_t = 2)]
+    stripes: usize,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, BoxError> {
+    let t = s.trim().to_ascii_uppercase();
+    let (num, mul) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t.as_str(), 1),
+    };
+    Ok(num.parse::<usize>().map_err(|_| format!("bad size {s:?}"))? * mul)
+}
+
+fn listen_url(scheme: &str) -> String {
+    let tmp = std::env::temp_dir().join(format!("tensorwire-bench-{}-{scheme}.sock", std::process::id()));
+    match scheme {
+        "unix" | "grpc+unix" => format!("{scheme}://{}", tmp.display()),
+        "unix+shm" => format!("unix://{}", tmp.display()),
+        "shm" => format!("shm://tensorwire-bench-{}", std::process::id()),
+        other => format!("{other}://127.0.0.1:0"),
+    }
+}
+
+fn baseline_for(scheme: &str) -> RawSocket {
+    match scheme {
+        #[cfg(feature = "quic")]
+        "quic" => RawSocket::Quic,
+        "shm" | "unix+shm" => RawSocket::Memcpy,
+        s if s.contains("unix") => RawSocket::Unix,
+        _ => RawSocket::Tcp,
+    }
+}
+
+/// The URL a bench client uses: `unix` is the plain socket (`unix+shm`
+/// is the same listener with the shared-memory upgrade, the default).
+fn client_url(scheme: &str, server_url: &str) -> String {
+    match scheme {
+        "unix" => format!("{server_url}?shm=0"),
+        _ => server_url.to_string(),
+    }
+}
+
+/// QUIC striped over `a.stripes` connections, against the same single raw
+/// quinn stream, with two runtime threads on each side.
+#[cfg(feature = "quic")]
+fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), BoxError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let server = ServerThread::start(&listen_url("quic"), 2, bench_server)?;
+    let mut cfg = ClientConfig::default();
+    cfg.transport.quic.stripes = a.stripes;
+    let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
+    let label = format!("quic×{}", a.stripes);
+    for &size in sizes {
+        let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
+        let (mut ours, mut base) = (vec![], vec![]);
+        for _ in 0..a.rounds.max(1) {
+            base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
+            ours.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
+        }
+        let (g, b) = (median(ours), median(base));
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"transport": "quic", "stripes": a.stripes, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
+            );
+        } else {
+            println!("{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}", label, "send", human(size), g, b, g / b);
+        }
+    }
+    drop(client);
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+/// Runs the benchmark (on its own runtimes: call it outside any runtime).
+pub fn run(a: BenchArgs) -> Result<(), BoxError> {
+    let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_, _>>()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rounds = a.rounds.max(1);
+    if !a.json {
+        println!(
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7}   one tensor client→server (send) and server→client (fetch) vs a raw socket copy (QUIC: raw quinn stream; gRPC: raw TCP; shm: memcpy into a new buffer), median of {rounds} alternating rounds",
+            "transport", "dir", "size", "GiB/s", "raw GiB/s", "ratio"
+        );
+    }
+    let mut latency_rows = Vec::new();
+    for scheme in &a.transports {
+        let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
+        // The server's URL pins its generated certificate (QUIC, grpcs).
+        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), ClientConfig::default()))?;
+        let raw = baseline_for(scheme);
+        // Latency against a real socket even where throughput compares to memcpy.
+        let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
+        for &size in &sizes {
+            let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
+            let (mut sent, mut fetched, mut base) = (vec![], vec![], vec![]);
+            for _ in 0..rounds {
+                base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
+                sent.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
+                fetched.push(gib_per_s(size, rt.block_on(fetch_time(&client, size, reps))?));
+            }
+            let b = median(base);
+            for (dir, g) in [("send", median(sent)), ("fetch", median(fetched))] {
+                if a.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
+                    );
+                } else {
+                    println!("{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}", scheme, dir, human(size), g, b, g / b);
+                }
+            }
+        }
+        let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let h = raw_round_trips(raw_rtt, 4096, a.round_trips)?;
+            b50.push(h.quantile_ms(0.5));
+            b99.push(h.quantile_ms(0.99));
+            let h = rt.block_on(call_round_trips(&client, 4096, a.round_trips))?;
+            p50.push(h.quantile_ms(0.5));
+            p99.push(h.quantile_ms(0.99));
+        }
+        let cps = rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?;
+        // (After the latency figures: this client's runtime sleeps meanwhile.)
+        #[cfg(feature = "quic")]
+        if scheme == "quic" && a.stripes > 1 {
+            striped_rows(&a, &sizes, raw)?;
+        }
+        latency_rows.push((scheme.clone(), median(p50), median(p99), median(b50), median(b99), cps));
+        drop(client);
+        drop(server);
+    }
+    if !a.json {
+        println!();
+        println!(
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}   4 KiB identity call vs raw ping-pong (QUIC: one raw stream per round trip)",
+            "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "calls/s@64"
+        );
+    }
+    for (scheme, p50, p99, b50, b99, cps) in latency_rows {
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"transport": scheme, "rtt_4k_p50_ms": p50, "rtt_4k_p99_ms": p99, "raw_p50_ms": b50,
+                    "raw_p99_ms": b99, "p50_ratio": p50 / b50, "calls_per_s_64_in_flight": cps})
+            );
+        } else {
+            println!(
+                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>12.0}",
+                scheme,
+                p50,
+                p99,
+                b50,
+                b99,
+                p50 / b50,
+                cps
+            );
+        }
+    }
+    if a.batch_examples > 0 {
+        batching(&a, &rt)?;
+    }
+    Ok(())
+}
+
+/// Examples per second of a cheap function (×2 on 1024 float32) with 256
+/// concurrent callers on one Unix connection: one call per example, and the
+/// same function batched (up to 64 per run; the client stacks concurrent calls).
+fn batching(a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Result<(), BoxError> {
+    let server = ServerThread::start(&listen_url("unix"), 1, || {
+        let mut b = Server::builder();
+        for f in batching_functions(64, std::time::Duration::from_millis(1)) {
+            b = b.function(f);
+        }
+        b
+    })?;
+    let client = rt.block_on(Client::connect(server.url()))?;
+    let x = tensorwire::Tensor::zeros(tensorwire::DType::Float32, [1024])?;
+    let rounds = a.rounds.max(1);
+    let (mut plain, mut batched) = (vec![], vec![]);
+    for _ in 0..rounds {
+        plain.push(rt.block_on(function_calls_per_second(&client, "double", x.clone(), 256, a.batch_examples / 3))?);
+        batched.push(rt.block_on(function_calls_per_second(
+            &client,
+            "double_batched",
+            x.clone(),
+            256,
+            a.batch_examples,
+        ))?);
+    }
+    let (p, b) = (median(plain), median(batched));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"batching_unbatched_per_s": p, "batching_batched_per_s": b, "callers": 256, "input_bytes": 4096})
+        );
+    } else {
+        println!();
+        println!(
+            "batching, 256 callers x 4 KiB over unix: unbatched {p:.0} examples/s, batched {b:.0} examples/s ({:.1}x)",
+            b / p
+        );
+    }
+    Ok(())
+}
+
+fn human(n: usize) -> String {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
+        format!("{}GiB", n >> 30)
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{}MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{}KiB", n >> 10)
+    } else {
+        format!("{n}B")
+    }
+}

@@ -1,0 +1,93 @@
+//! Reading and writing tensor files for the CLI: torch.save (.pt, .pth,
+//! .bin) and safetensors.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use tensorwire::codecs::torch::{self, SaveOptions, Value};
+use tensorwire::codecs::{DecodeLimits, safetensors};
+use tensorwire::parse_shape;
+use tensorwire::{DType, Tensor};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn is_safetensors(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "safetensors")
+}
+
+/// Every tensor in a file, named by its key (or `name`, or the file stem).
+pub fn read_tensors(path: &Path, name: Option<&str>) -> Result<Vec<Tensor>, BoxError> {
+    let data = Bytes::from(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?);
+    let limits = DecodeLimits::default();
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("tensor").to_string();
+    let named: Vec<(String, Tensor)> = if is_safetensors(path) {
+        safetensors::load(data, &limits)?.tensors
+    } else {
+        let v = torch::load(data, &limits).map_err(|e| format!("{}: {e}", path.display()))?;
+        v.tensors().into_iter().map(|(k, t)| (k, t.clone())).collect()
+    };
+    if named.is_empty() {
+        return Err(format!("{} holds no tensors", path.display()).into());
+    }
+    let single = named.len() == 1;
+    Ok(named
+        .into_iter()
+        .map(|(k, t)| {
+            let n = match (name, single, k.is_empty()) {
+                (Some(n), true, _) => n.to_string(),
+                (Some(n), false, _) => format!("{n}.{k}"),
+                (None, _, true) => stem.clone(),
+                (None, _, false) => k,
+            };
+            t.with_name(n)
+        })
+        .collect())
+}
+
+/// A call input: a file, or `random:SHAPE[:DTYPE]`.
+pub fn input_tensor(spec: &str) -> Result<Vec<Tensor>, BoxError> {
+    if let Some(rest) = spec.strip_prefix("random:") {
+        let (shape, dtype) = rest.split_once(':').unwrap_or((rest, "float32"));
+        let dtype: DType = dtype.parse()?;
+        return Ok(vec![tensorwire::builtins::random_tensor(dtype, &parse_shape(shape)?, 0)?]);
+    }
+    read_tensors(Path::new(spec), None)
+}
+
+/// Writes tensors: one tensor as a bare torch.save tensor, several as a
+/// dict; `.safetensors` files as safetensors.
+pub fn write_tensors(path: &Path, named: &[(String, Tensor)]) -> Result<(), BoxError> {
+    let segments = if is_safetensors(path) {
+        safetensors::save(named, None)?
+    } else {
+        let value = match named {
+            [(_, t)] => Value::Tensor(t.clone()),
+            many => Value::state_dict(many.iter().map(|(k, t)| (k.clone(), t.clone()))),
+        };
+        let archive = path.file_stem().and_then(|s| s.to_str()).unwrap_or("archive").to_string();
+        torch::save(&value, &SaveOptions { archive_name: archive, ..SaveOptions::default() })?
+    };
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+    );
+    for s in segments {
+        std::io::Write::write_all(&mut f, &s)?;
+    }
+    std::io::Write::flush(&mut f)?;
+    Ok(())
+}
+
+/// The first few values, for printing.
+pub fn preview(t: &Tensor) -> String {
+    let vals: Option<Vec<String>> = match t.dtype() {
+        DType::Float32 => t.to_vec::<f32>().ok().map(|v| v.iter().take(6).map(|x| format!("{x}")).collect()),
+        DType::Float64 => t.to_vec::<f64>().ok().map(|v| v.iter().take(6).map(|x| format!("{x}")).collect()),
+        DType::Int64 => t.to_vec::<i64>().ok().map(|v| v.iter().take(6).map(|x| format!("{x}")).collect()),
+        DType::Int32 => t.to_vec::<i32>().ok().map(|v| v.iter().take(6).map(|x| format!("{x}")).collect()),
+        _ => None,
+    };
+    match vals {
+        Some(v) if !v.is_empty() => format!(" [{}{}]", v.join(", "), if t.numel() > 6 { ", ..." } else { "" }),
+        _ => String::new(),
+    }
+}

@@ -1,0 +1,401 @@
+//! Measurement helpers shared by `tensorwire bench` and the criterion
+//! benches: raw-socket baselines and tensorwire runs in the same process, so
+//! every figure comes with its ratio to the baseline measured alongside.
+//!
+//! The raw baselines are the least a transport could do: one thread writes
+//! a buffer into a plain socket in 1 MiB writes, another reads it into a
+//! freshly allocated buffer (as a receiver of a new tensor must), or
+//! ping-pongs a small message for latency.
+//!
+//! The tensorwire side runs like a deployment: the server on its own thread
+//! and runtime ([`ServerThread`]), the client on another, as two processes
+//! (or the raw baseline's two threads) would.
+//!
+//! Part of the CLI (`src/bin/tensorwire/`), not of the library: the
+//! criterion benches include this folder by path. Each uses part of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tensorwire_codecs::{DType, Tensor};
+
+use tensorwire::builtins::random_tensor;
+use tensorwire::{Client, Histogram};
+
+/// Largest warm-up transfer before a throughput measurement.
+const WARM_UP_BYTES: usize = 64 << 20;
+
+/// Which raw socket a baseline uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawSocket {
+    /// TCP over 127.0.0.1 with TCP_NODELAY.
+    Tcp,
+    /// A Unix stream socket.
+    Unix,
+    /// One raw quinn stream per copy on one QUIC connection, with the same
+    /// TLS (a self-signed certificate, pinned), windows, congestion
+    /// controller and socket buffers as tensorwire's QUIC transport
+    /// (default [`TransportConfig`](tensorwire::TransportConfig)).
+    #[cfg(feature = "quic")]
+    Quic,
+    /// No socket: `memcpy` of the bytes into a freshly allocated buffer in
+    /// the same process (the floor for same-host transports such as shm).
+    Memcpy,
+}
+
+trait Duplex: Read + Write + Send + 'static {}
+impl Duplex for TcpStream {}
+impl Duplex for UnixStream {}
+
+/// Removes a socket file when dropped.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(feature = "quic")]
+mod raw_quic;
+
+/// Two connected ends of a raw socket, and the socket file to remove after.
+type RawPair = (Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>);
+
+fn pair(kind: RawSocket) -> std::io::Result<RawPair> {
+    match kind {
+        RawSocket::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let a = TcpStream::connect(l.local_addr()?)?;
+            let (b, _) = l.accept()?;
+            a.set_nodelay(true)?;
+            b.set_nodelay(true)?;
+            Ok((Box::new(a), Box::new(b), None))
+        }
+        RawSocket::Unix => {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "tensorwire-raw-{}-{}.sock",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let guard = SocketFile(p.clone());
+            let l = UnixListener::bind(&p)?;
+            let a = UnixStream::connect(&p)?;
+            let (b, _) = l.accept()?;
+            Ok((Box::new(a), Box::new(b), Some(guard)))
+        }
+        #[cfg(feature = "quic")]
+        RawSocket::Quic => Err(std::io::Error::other("QUIC has no socket pair")),
+        RawSocket::Memcpy => Err(std::io::Error::other("memcpy has no socket pair")),
+    }
+}
+
+/// Copies `bytes` through a raw socket `reps` times; returns the mean time
+/// per copy (connection setup excluded; the receive buffer is allocated per copy).
+pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<Duration> {
+    #[cfg(feature = "quic")]
+    if kind == RawSocket::Quic {
+        return raw_quic::copy(&tensorwire::TransportConfig::default(), bytes, reps);
+    }
+    if kind == RawSocket::Memcpy {
+        let src = vec![7u8; bytes];
+        let mut total = Duration::ZERO;
+        for _ in 0..reps {
+            let t = Instant::now();
+            let mut dst = Vec::<u8>::with_capacity(bytes);
+            dst.extend_from_slice(&src);
+            std::hint::black_box(&dst);
+            total += t.elapsed();
+        }
+        return Ok(total / reps.max(1) as u32);
+    }
+    let (mut tx, mut rx, _dir) = pair(kind)?;
+    let src = vec![7u8; bytes.min(1 << 20)];
+    let reader = std::thread::spawn(move || -> std::io::Result<Duration> {
+        let mut total = Duration::ZERO;
+        let mut ack = [0u8; 1];
+        for _ in 0..reps {
+            let mut dst = vec![0u8; bytes];
+            let mut got = 0;
+            let t = Instant::now();
+            while got < bytes {
+                let n = rx.read(&mut dst[got..])?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                got += n;
+            }
+            total += t.elapsed();
+            std::hint::black_box(&dst);
+            ack[0] = 1;
+            rx.write_all(&ack)?;
+        }
+        Ok(total / reps.max(1) as u32)
+    });
+    let mut ack = [0u8; 1];
+    for _ in 0..reps {
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(src.len());
+            tx.write_all(&src[..n])?;
+            left -= n;
+        }
+        tx.read_exact(&mut ack)?;
+    }
+    reader.join().map_err(|_| std::io::Error::other("reader thread panicked"))?
+}
+
+/// Round trips of a `size`-byte message through a raw socket (echoed by a
+/// second thread); returns the latency histogram.
+pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Result<Histogram> {
+    #[cfg(feature = "quic")]
+    if kind == RawSocket::Quic {
+        return raw_quic::round_trips(&tensorwire::TransportConfig::default(), size, reps);
+    }
+    let (mut a, mut b, _dir) = pair(kind)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; size];
+        for _ in 0..reps {
+            b.read_exact(&mut buf)?;
+            b.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let msg = vec![1u8; size];
+    let mut back = vec![0u8; size];
+    let mut h = Histogram::default();
+    for _ in 0..reps {
+        let t = Instant::now();
+        a.write_all(&msg)?;
+        a.read_exact(&mut back)?;
+        h.record(t.elapsed());
+    }
+    echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
+    Ok(h)
+}
+
+/// Mean time to `send` one tensor of `bytes` to the server behind `client`.
+pub async fn send_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, tensorwire::CallError> {
+    let t = random_tensor(DType::UInt8, &[bytes], 1).map_err(tensorwire::CallError::Remote)?;
+    // Warm up (connection, congestion window, allocator).
+    let warm = random_tensor(DType::UInt8, &[bytes.min(WARM_UP_BYTES)], 1).map_err(tensorwire::CallError::Remote)?;
+    client.send(vec![warm]).await?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        client.send(vec![t.clone()]).await?;
+    }
+    Ok(start.elapsed() / reps.max(1) as u32)
+}
+
+/// Mean time to `fetch` one tensor of `bytes` from a server running
+/// [`BenchService`] (server → client: the other direction of [`send_time`]).
+pub async fn fetch_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, tensorwire::CallError> {
+    let req = |n: usize| tensorwire::FetchRequest::default().param("bytes", n.to_string());
+    client.fetch(req(bytes.min(WARM_UP_BYTES))).await?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        let t = client.fetch(req(bytes)).await?;
+        debug_assert_eq!(t[0].nbytes(), bytes);
+    }
+    Ok(start.elapsed() / reps.max(1) as u32)
+}
+
+/// The benchmark server's service: `send` counts what arrives and keeps
+/// nothing; `fetch` with `bytes=N` returns a tensor of N bytes (made once
+/// per size and kept, so serving costs only the transfer).
+#[derive(Debug, Default)]
+pub struct BenchService {
+    cache: std::sync::Mutex<std::collections::HashMap<usize, Tensor>>,
+}
+
+#[async_trait::async_trait]
+impl tensorwire::TensorService for BenchService {
+    async fn fetch(
+        &self,
+        _ctx: &tensorwire::CallContext,
+        req: &tensorwire::FetchRequest,
+        out: &mut tensorwire::TensorSink<'_>,
+    ) -> Result<(), tensorwire::Status> {
+        let n: usize = req
+            .get("bytes")
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| tensorwire::Status::invalid_argument("the bench service serves fetch(bytes=N)"))?;
+        if n > 4 << 30 {
+            return Err(tensorwire::Status::invalid_argument("the bench service serves at most 4 GiB"));
+        }
+        let t = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get(&n) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = random_tensor(DType::UInt8, &[n], 2)?;
+                    cache.insert(n, t.clone());
+                    t
+                }
+            }
+        };
+        out.send(t).await
+    }
+}
+
+/// A server builder for benchmarks: [`BenchService`] and the built-in functions.
+pub fn bench_server() -> tensorwire::ServerBuilder {
+    let mut b = tensorwire::Server::builder().service(BenchService::default());
+    for f in tensorwire::builtins::builtin_functions() {
+        b = b.function(f);
+    }
+    b
+}
+
+/// Round trips of `identity` on a `size`-byte tensor, one at a time.
+pub async fn call_round_trips(client: &Client, size: usize, reps: usize) -> Result<Histogram, tensorwire::CallError> {
+    let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| tensorwire::CallError::InvalidArgument(e.to_string()))?;
+    for _ in 0..100.min(reps) {
+        client.compute("identity", vec![t.clone()]).await?;
+    }
+    let mut h = Histogram::default();
+    for _ in 0..reps {
+        let s = Instant::now();
+        client.compute("identity", vec![t.clone()]).await?;
+        h.record(s.elapsed());
+    }
+    Ok(h)
+}
+
+/// Calls per second of `identity` on `size`-byte tensors with `in_flight`
+/// calls outstanding on one connection, for `total` calls.
+pub async fn calls_per_second(
+    client: &Client,
+    size: usize,
+    in_flight: usize,
+    total: usize,
+) -> Result<f64, tensorwire::CallError> {
+    let t = Tensor::zeros(DType::UInt8, [size]).map_err(|e| tensorwire::CallError::InvalidArgument(e.to_string()))?;
+    function_calls_per_second(client, "identity", t, in_flight, total).await
+}
+
+/// Calls per second of `function` on `input` with `in_flight` calls
+/// outstanding on one connection, for `total` calls.
+pub async fn function_calls_per_second(
+    client: &Client,
+    function: &str,
+    input: Tensor,
+    in_flight: usize,
+    total: usize,
+) -> Result<f64, tensorwire::CallError> {
+    let t = input;
+    let function: Arc<str> = Arc::from(function);
+    let left = Arc::new(AtomicU64::new(total as u64));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
+        let (c, t, left, f) = (client.clone(), t.clone(), left.clone(), function.clone());
+        tasks.push(tokio::spawn(async move {
+            while left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+                c.compute(&f, vec![t.clone()]).await?;
+            }
+            Ok::<_, tensorwire::CallError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| tensorwire::CallError::InvalidArgument(format!("bench task failed: {e}")))??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A server running on its own thread and runtime, stopped when dropped.
+pub struct ServerThread {
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerThread {
+    /// Builds a server with `build` (on the server's runtime) and starts it
+    /// on `url`, with `workers` runtime threads.
+    pub fn start(
+        url: &str,
+        workers: usize,
+        build: impl FnOnce() -> tensorwire::ServerBuilder + Send + 'static,
+    ) -> Result<ServerThread, tensorwire::ServeError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = url.to_string();
+        let join = std::thread::Builder::new()
+            .name("tensorwire-bench-server".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(workers.max(1))
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx
+                            .send(Err(tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: url, source: e })));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match build().build().start([url]).await {
+                        Ok(server) => {
+                            let _ = ready_tx.send(Ok(server.url()));
+                            let _ = stop_rx.await;
+                            server.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: "thread".into(), source: e }))?;
+        let url = ready_rx.recv().map_err(|_| tensorwire::ServeError::NoListeners)??;
+        Ok(ServerThread { url, stop: Some(stop_tx), join: Some(join) })
+    }
+
+    /// The URL clients connect to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Functions for the batching benchmark: `double` (×2, one example per
+/// call) and `double_batched` (the same, batched up to `max_batch`); both run
+/// inline on the runtime thread, as functions this cheap should.
+pub fn batching_functions(max_batch: usize, max_wait: std::time::Duration) -> Vec<tensorwire::Function> {
+    fn double(t: &Tensor) -> Result<Tensor, tensorwire::Status> {
+        let v: Vec<f32> = t.as_slice::<f32>()?.iter().map(|x| x * 2.0).collect();
+        Ok(Tensor::from_vec(t.shape(), v)?)
+    }
+    vec![
+        tensorwire::Function::inline("double", |c| Ok(double(&c.inputs[0])?.into())),
+        tensorwire::Function::batched(
+            "double_batched",
+            tensorwire::BatchConfig { max_batch, max_wait, inline: true, ..Default::default() },
+            |x, _| Ok(vec![double(&x[0])?]),
+        ),
+    ]
+}
+
+/// GiB per second for `bytes` moved in `d`.
+pub fn gib_per_s(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64 / d.as_secs_f64().max(1e-12)
+}

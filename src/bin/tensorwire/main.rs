@@ -1,0 +1,525 @@
+//! `tensorwire`: serve, send, fetch, call, info, health and bench.
+
+mod bench;
+mod files;
+mod harness;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use tensorwire::builtins::{builtin_functions, random_tensor};
+use tensorwire::{StoreService, parse_shape};
+use tensorwire::{
+    Args, Client, ClientConfig, CodecKind, CompressionMode, DType, Encoding, Server, ServerConfig, Tensor,
+    TransportConfig,
+};
+
+#[derive(Parser, Debug)]
+#[command(name = "tensorwire", version, about = "Move tensors between processes and machines", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log level: error, warn, info, debug, trace (or a tracing filter).
+    #[arg(long, global = true, default_value = "info", env = "TENSORWIRE_LOG")]
+    log_level: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve: store tensors sent by name, return them from fetch, echo
+    /// exchanges, and run the built-in functions (identity, scale, sum).
+    Serve(ServeArgs),
+    /// Send tensors (from a file or random) to a server.
+    Send(SendArgs),
+    /// Fetch a tensor by name.
+    Fetch(FetchArgs),
+    /// Call a named function.
+    Call(CallArgs),
+    /// Print the server's name, version, transports, codecs and totals.
+    Info(ConnArgs),
+    /// Exit 0 when the server is serving, 1 otherwise.
+    Health(ConnArgs),
+    /// Benchmark every enabled transport on loopback against raw sockets.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(ClapArgs, Debug)]
+struct ServeArgs {
+    /// URL to listen on (repeatable): tcp://HOST:PORT, unix:///PATH, quic://..., grpc://..., shm://NAME
+    #[arg(long = "listen", required = true)]
+    listen: Vec<String>,
+    /// Chunk size in bytes for tensors the server sends.
+    #[arg(long, default_value_t = tensorwire::DEFAULT_CHUNK_SIZE)]
+    chunk_size: usize,
+    /// Largest tensor accepted, in bytes.
+    #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_TENSOR_BYTES)]
+    max_tensor_bytes: u64,
+    /// Memory budget of the tensor store, in bytes.
+    #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_STORE_BYTES)]
+    max_store_bytes: u64,
+    /// Require this token in client handshakes.
+    #[arg(long, env = "TENSORWIRE_TOKEN")]
+    auth_token: Option<String>,
+    /// Server certificate (PEM) for QUIC and grpcs; without it a
+    /// self-signed certificate is generated and its fingerprint printed.
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to (mutual TLS).
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9100).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Service name reported by `info`.
+    #[arg(long, default_value = tensorwire::DEFAULT_SERVICE_NAME)]
+    service_name: String,
+}
+
+#[derive(ClapArgs, Debug, Clone)]
+struct ConnArgs {
+    /// Server URL.
+    #[arg(long = "to", visible_alias = "from")]
+    to: String,
+    /// Trust this CA (PEM) for the server's certificate (QUIC, grpcs).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Accept the server certificate with this SHA-256 fingerprint (hex).
+    #[arg(long)]
+    pin_sha256: Option<String>,
+    /// Verify this name in the server certificate instead of the URL's host.
+    #[arg(long)]
+    server_name: Option<String>,
+    /// Skip certificate verification. Development only: anyone can impersonate the server.
+    #[arg(long)]
+    insecure_dev: bool,
+    /// Client certificate (PEM) for mutual TLS.
+    #[arg(long)]
+    client_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS.
+    #[arg(long)]
+    client_key: Option<PathBuf>,
+    /// Auth token for the handshake.
+    #[arg(long, env = "TENSORWIRE_TOKEN")]
+    auth_token: Option<String>,
+    /// Print one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(ClapArgs, Debug, Clone)]
+struct EncodingArgs {
+    /// Codec for tensors sent: raw, torch, safetensors.
+    #[arg(long, default_value_t = Encoding::default().codec)]
+    codec: CodecKind,
+    /// Compression: none, lz4, zstd, zstd:LEVEL, auto.
+    #[arg(long, default_value_t = Encoding::default().compression)]
+    compress: CompressionMode,
+    /// Byte-shuffle multi-byte elements before compressing.
+    #[arg(long)]
+    shuffle: bool,
+    /// Chunk size in bytes.
+    #[arg(long, default_value_t = tensorwire::DEFAULT_CHUNK_SIZE)]
+    chunk_size: usize,
+    /// Link bandwidth for auto compression, in MB/s (default: measured).
+    #[arg(long)]
+    link_mbps: Option<f64>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct SendArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(flatten)]
+    enc: EncodingArgs,
+    /// A torch.save (.pt) or .safetensors file to send.
+    #[arg(long, conflicts_with = "random")]
+    file: Option<PathBuf>,
+    /// Send a random tensor of this shape (e.g. 64,1024).
+    #[arg(long)]
+    random: Option<String>,
+    /// dtype of the random tensor (torch names; short forms like f32 work).
+    #[arg(long, default_value = "float32")]
+    dtype: String,
+    /// Name to store the tensor under.
+    #[arg(long)]
+    name: Option<String>,
+    /// Send the tensor(s) this many times.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+}
+
+#[derive(ClapArgs, Debug)]
+struct FetchArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(flatten)]
+    enc: EncodingArgs,
+    /// Name of the tensor.
+    #[arg(long)]
+    name: String,
+    /// Write it to this file (.pt: torch.save format; .safetensors).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct CallArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(flatten)]
+    enc: EncodingArgs,
+    /// Function name.
+    function: String,
+    /// Input tensor (repeatable): a .pt/.safetensors file, or random:SHAPE[:DTYPE].
+    #[arg(long = "input")]
+    inputs: Vec<String>,
+    /// Scalar argument KEY=VALUE (repeatable).
+    #[arg(long = "arg")]
+    args: Vec<String>,
+    /// Timeout in milliseconds (the server stops the work too).
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Write output tensors to this .pt file (a list when several).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_level);
+    if let Command::Bench(a) = cli.command {
+        // The bench runs its own runtimes (server and client apart, as two processes).
+        return match bench::run(a) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(cmd: Command) -> Result<std::process::ExitCode, BoxError> {
+    use std::process::ExitCode;
+    match cmd {
+        Command::Serve(a) => serve(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Send(a) => send(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Fetch(a) => fetch(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Call(a) => call(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Info(a) => info(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Health(a) => {
+            let serving = match client(&a, None, None).await {
+                Ok(c) => c.health().await.unwrap_or(false),
+                Err(e) => {
+                    eprintln!("not serving: {e}");
+                    false
+                }
+            };
+            if a.json {
+                println!("{}", serde_json::json!({ "serving": serving }));
+            } else {
+                println!("{}", if serving { "SERVING" } else { "NOT_SERVING" });
+            }
+            Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Bench(_) => unreachable!("handled in main"),
+    }
+}
+
+fn transport_config(a: &ConnArgs) -> TransportConfig {
+    let mut t = TransportConfig::default();
+    t.tls.ca_path = a.ca.clone();
+    t.tls.pin_sha256 = a.pin_sha256.clone();
+    t.tls.insecure_skip_verify_dangerous = a.insecure_dev;
+    t.tls.server_name = a.server_name.clone();
+    t.tls.client_cert_path = a.client_cert.clone();
+    t.tls.client_key_path = a.client_key.clone();
+    if a.insecure_dev {
+        eprintln!("warning: --insecure-dev: the server's certificate is NOT verified; anyone can impersonate it");
+    }
+    t
+}
+
+fn encoding(e: &EncodingArgs) -> Encoding {
+    Encoding {
+        codec: e.codec,
+        compression: e.compress,
+        shuffle: e.shuffle,
+        chunk_size: e.chunk_size,
+        link_bandwidth: e.link_mbps.map(|m| m * 1e6),
+        ..Encoding::default()
+    }
+}
+
+async fn client(
+    a: &ConnArgs,
+    enc: Option<&EncodingArgs>,
+    progress: Option<Arc<AtomicU64>>,
+) -> Result<Client, BoxError> {
+    let cfg = ClientConfig {
+        transport: transport_config(a),
+        encoding: match enc {
+            Some(e) => encoding(e),
+            None => Encoding::default(),
+        },
+        auth_token: a.auth_token.clone(),
+        progress,
+        ..ClientConfig::default()
+    };
+    Ok(Client::connect_with(&a.to, cfg).await?)
+}
+
+async fn serve(a: ServeArgs) -> Result<(), BoxError> {
+    let mut transport = TransportConfig::default();
+    transport.tls.cert_path = a.cert.clone();
+    transport.tls.key_path = a.key.clone();
+    if let Some(ca) = &a.client_ca {
+        transport.tls.ca_path = Some(ca.clone());
+        transport.tls.require_client_cert = true;
+    }
+    let config = ServerConfig {
+        transport,
+        encoding: Encoding { chunk_size: a.chunk_size, ..Encoding::default() },
+        limits: tensorwire::Limits { max_tensor_bytes: a.max_tensor_bytes, ..Default::default() },
+        service_name: a.service_name.clone(),
+        auth_token: a.auth_token.clone(),
+        ..ServerConfig::default()
+    };
+    let mut b = Server::builder().config(config).service(StoreService::new(a.max_store_bytes));
+    for f in builtin_functions() {
+        b = b.function(f);
+    }
+    let server = b.build().start(&a.listen).await?;
+    for e in server.endpoints() {
+        println!("listening on {e}");
+    }
+    #[cfg(feature = "metrics")]
+    let _metrics = match &a.metrics_listen {
+        Some(addr) => Some(server.serve_metrics(addr).await?),
+        None => None,
+    };
+    #[cfg(not(feature = "metrics"))]
+    if a.metrics_listen.is_some() {
+        return Err("this build has no metrics support (cargo feature \"metrics\")".into());
+    }
+    wait_for_signal().await;
+    eprintln!("shutting down: finishing calls in flight");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+    }
+}
+
+/// A progress bar on stderr for transfers of `total` bytes, when it is a terminal.
+fn progress_bar(total: u64) -> (Option<Arc<AtomicU64>>, Option<tokio::task::JoinHandle<()>>) {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || total < (64 << 20) {
+        return (None, None);
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    let c = counter.clone();
+    let task = tokio::spawn(async move {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        loop {
+            bar.set_position(c.load(Ordering::Relaxed).min(total));
+            if c.load(Ordering::Relaxed) >= total {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bar.finish_and_clear();
+    });
+    (Some(counter), Some(task))
+}
+
+fn report(json: bool, what: &str, bytes: u64, secs: f64, crc: u32, extra: serde_json::Value) {
+    let gib = bytes as f64 / (1u64 << 30) as f64 / secs.max(1e-9);
+    if json {
+        let mut v =
+            serde_json::json!({ "bytes": bytes, "seconds": secs, "gib_per_s": gib, "crc32c": format!("{crc:08x}") });
+        if let (Some(o), serde_json::Value::Object(x)) = (v.as_object_mut(), extra) {
+            o.extend(x);
+        }
+        println!("{v}");
+    } else {
+        println!("{what} {bytes} bytes in {secs:.3} s ({gib:.2} GiB/s), crc32c {crc:08x}");
+    }
+}
+
+async fn send(a: SendArgs) -> Result<(), BoxError> {
+    let tensors: Vec<Tensor> = match (&a.file, &a.random) {
+        (Some(f), _) => files::read_tensors(f, a.name.as_deref())?,
+        (None, Some(shape)) => {
+            let dtype: DType = a.dtype.parse()?;
+            let t = random_tensor(dtype, &parse_shape(shape)?, 0)?;
+            vec![t.with_name(a.name.clone().unwrap_or_else(|| "random".into()))]
+        }
+        (None, None) => return Err("give --file F or --random SHAPE".into()),
+    };
+    let per_round: u64 = tensors.iter().map(|t| t.nbytes() as u64).sum();
+    let total = per_round * a.count;
+    let (progress, bar) = progress_bar(total);
+    let c = client(&a.conn, Some(&a.enc), progress).await?;
+    let mut crc = 0;
+    for t in &tensors {
+        crc = t.crc32c()?;
+    }
+    let start = Instant::now();
+    let mut summary = None;
+    for _ in 0..a.count {
+        summary = Some(c.send(tensors.clone()).await?);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.abort();
+    }
+    let names: Vec<&str> = tensors.iter().filter_map(Tensor::name).collect();
+    let message = summary.map(|s| s.message).unwrap_or_default();
+    report(
+        a.conn.json,
+        "sent",
+        total,
+        secs,
+        crc,
+        serde_json::json!({ "tensors": tensors.len() as u64 * a.count, "names": names, "server": message }),
+    );
+    Ok(())
+}
+
+async fn fetch(a: FetchArgs) -> Result<(), BoxError> {
+    let c = client(&a.conn, Some(&a.enc), None).await?;
+    let start = Instant::now();
+    let t = c.fetch_one(&a.name).await?;
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(out) = &a.out {
+        files::write_tensors(out, &[(a.name.clone(), t.clone())])?;
+    }
+    report(
+        a.conn.json,
+        "fetched",
+        t.nbytes() as u64,
+        secs,
+        t.crc32c()?,
+        serde_json::json!({ "name": a.name, "dtype": t.dtype().name(), "shape": t.shape() }),
+    );
+    Ok(())
+}
+
+async fn call(a: CallArgs) -> Result<(), BoxError> {
+    let c = client(&a.conn, Some(&a.enc), None).await?;
+    let mut inputs = Vec::new();
+    for spec in &a.inputs {
+        inputs.extend(files::input_tensor(spec)?);
+    }
+    let args = Args::from_cli(a.args.iter().map(String::as_str))?;
+    let opts = tensorwire::CallOptions { timeout: a.timeout_ms.map(Duration::from_millis), ..Default::default() };
+    let start = Instant::now();
+    let out = c.call_with(&a.function, inputs, args, &opts).await?;
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(path) = &a.out {
+        let named: Vec<(String, Tensor)> =
+            out.tensors.iter().enumerate().map(|(i, t)| (i.to_string(), t.clone())).collect();
+        files::write_tensors(path, &named)?;
+    }
+    if a.conn.json {
+        let ts: Vec<_> = out
+            .tensors
+            .iter()
+            .map(|t| serde_json::json!({ "dtype": t.dtype().name(), "shape": t.shape(), "crc32c": format!("{:08x}", t.crc32c().unwrap_or(0)) }))
+            .collect();
+        println!("{}", serde_json::json!({ "seconds": secs, "tensors": ts, "values": out.values.to_string() }));
+    } else {
+        for (i, t) in out.tensors.iter().enumerate() {
+            println!("output {i}: {} {:?} crc32c {:08x}{}", t.dtype(), t.shape(), t.crc32c()?, files::preview(t));
+        }
+        if out.values != tensorwire::Value::None {
+            println!("values: {}", out.values);
+        }
+        println!("({secs:.3} s)");
+    }
+    Ok(())
+}
+
+async fn info(a: ConnArgs) -> Result<(), BoxError> {
+    let c = client(&a, None, None).await?;
+    let i = c.service_info().await?;
+    let functions = c.list_functions().await?;
+    if a.json {
+        let fs: Vec<_> = functions
+            .iter()
+            .map(|f| serde_json::json!({ "name": f.name, "doc": f.doc, "batch": f.batch.map(|b| b.0) }))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "service_name": i.service_name, "version": i.version, "transports": i.transports, "codecs": i.codecs,
+                "compressions": i.compressions, "devices": i.devices, "uptime_s": i.uptime.as_secs_f64(),
+                "calls": i.calls, "failures": i.failures, "bytes_received": i.bytes_received, "bytes_sent": i.bytes_sent,
+                "active_calls": i.active_calls, "functions": fs,
+            })
+        );
+    } else {
+        println!("{} (tensorwire {}), up {:.0} s", i.service_name, i.version, i.uptime.as_secs_f64());
+        println!("transports: {}", i.transports.join(", "));
+        println!(
+            "codecs: {}; compressions: {}; devices: {}",
+            i.codecs.join(", "),
+            i.compressions.join(", "),
+            i.devices.join(", ")
+        );
+        println!(
+            "calls: {} ({} failed, {} active); bytes in {} out {}",
+            i.calls, i.failures, i.active_calls, i.bytes_received, i.bytes_sent
+        );
+        for f in functions {
+            let stats = i.functions.iter().find(|s| s.name == f.name);
+            println!(
+                "  {}{}: {}{}",
+                f.name,
+                f.batch.map(|(b, w)| format!(" [batched ≤{b}, ≤{w:?}]")).unwrap_or_default(),
+                f.doc,
+                stats.map(|s| format!(" — {} calls, {} failed", s.calls, s.failures)).unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}

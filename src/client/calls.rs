@@ -1,0 +1,134 @@
+//! The tensor calls of [`Client`]: `send` (client → server stream),
+//! `fetch` (server → client), `exchange` (both ways).
+
+use std::time::Instant;
+
+use futures_util::{Stream, StreamExt};
+use tensorwire_codecs::Tensor;
+use tensorwire_proto::v1::{Method, frame_header::Kind};
+use tensorwire_transports::StreamKind;
+
+use super::session::{CallOptions, Client, explain, read_outputs, send_all};
+use crate::error::CallError;
+use crate::pipeline::tensors::TensorStream;
+use crate::rpc::call::{FetchRequest, SendSummary};
+
+impl Client {
+    /// Streams tensors to the server's `send` handler; returns its summary.
+    pub async fn send(&self, tensors: impl IntoIterator<Item = Tensor>) -> Result<SendSummary, CallError> {
+        self.send_with(tensors, &CallOptions::default()).await
+    }
+
+    /// [`Client::send`] with options.
+    pub async fn send_with(
+        &self,
+        tensors: impl IntoIterator<Item = Tensor>,
+        opts: &CallOptions,
+    ) -> Result<SendSummary, CallError> {
+        let tensors: Vec<Tensor> = tensors.into_iter().collect();
+        let tensors = &tensors;
+        self.run(opts, move |s, sent, started| {
+            Box::pin(async move {
+                let (mut w, mut r) = self.open(&s, StreamKind::Send, opts).await?;
+                w.control(Kind::Request(Box::new(self.request(Method::Send, opts, started))));
+                sent.set();
+                let sent_ok = send_all(&mut w, tensors).await;
+                self.count_sent(&w);
+                if let Err(e) = sent_ok {
+                    return Err(explain(e, &mut r).await);
+                }
+                let out = read_outputs(&mut r).await;
+                self.count_received(&r);
+                let (_, reply) = out?;
+                Ok((
+                    SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message },
+                    None,
+                ))
+            })
+        })
+        .await
+    }
+
+    /// Streams tensors from any source to the server's `send` handler
+    /// (no retries: the source is consumed as it goes).
+    pub async fn send_stream(&self, tensors: impl Stream<Item = Tensor> + Send) -> Result<SendSummary, CallError> {
+        let (mut w, mut r, started) = self.begin_send().await?;
+        let mut tensors = std::pin::pin!(tensors);
+        while let Some(t) = tensors.next().await {
+            if let Err(e) = w.send_tensor(&t, false).await {
+                return Err(explain(e, &mut r).await);
+            }
+        }
+        self.finish_send(w, r, started).await
+    }
+
+    /// Asks the server's `fetch` handler for tensors; they arrive as a stream.
+    pub async fn fetch_stream(&self, request: FetchRequest) -> Result<TensorStream, CallError> {
+        let opts = CallOptions::default();
+        let s = self.session().await?;
+        let (mut w, r) = self.open(&s, StreamKind::Fetch, &opts).await?;
+        let mut req = self.request(Method::Fetch, &opts, Instant::now());
+        req.params = request.params.into_iter().collect();
+        w.control_last(Kind::Request(Box::new(req))).await?;
+        Ok(TensorStream::new(r, true))
+    }
+
+    /// Fetches all tensors the server returns for `request` (retried on
+    /// failure: fetching twice is harmless).
+    pub async fn fetch(&self, request: FetchRequest) -> Result<Vec<Tensor>, CallError> {
+        let opts = &CallOptions { idempotent: true, ..CallOptions::default() };
+        let request = &request;
+        self.run(opts, move |s, sent, started| {
+            Box::pin(async move {
+                let (mut w, mut r) = self.open(&s, StreamKind::Fetch, opts).await?;
+                let mut req = self.request(Method::Fetch, opts, started);
+                req.params = request.params.clone().into_iter().collect();
+                w.control_last(Kind::Request(Box::new(req))).await?;
+                sent.set();
+                let (out, _) = read_outputs(&mut r).await?;
+                self.count(&w, &r);
+                Ok((out, None))
+            })
+        })
+        .await
+    }
+
+    /// Fetches the tensor named `name`.
+    pub async fn fetch_one(&self, name: &str) -> Result<Tensor, CallError> {
+        let mut v = self.fetch(FetchRequest::name(name)).await?;
+        match v.len() {
+            1 => Ok(v.pop().expect("one")),
+            n => Err(CallError::Protocol {
+                peer: self.inner.endpoint.to_string(),
+                reason: format!("asked for one tensor named {name:?}, got {n}"),
+            }),
+        }
+    }
+
+    /// Bidirectional: sends `inputs` while the server's `exchange` handler
+    /// answers; returns the answers as a stream.
+    pub async fn exchange(
+        &self,
+        inputs: impl Stream<Item = Tensor> + Send + 'static,
+    ) -> Result<TensorStream, CallError> {
+        let opts = CallOptions::default();
+        let s = self.session().await?;
+        let (mut w, r) = self.open(&s, StreamKind::Exchange, &opts).await?;
+        w.control(Kind::Request(Box::new(self.request(Method::Exchange, &opts, Instant::now()))));
+        let sender = tokio::spawn(async move {
+            let mut inputs = std::pin::pin!(inputs);
+            w.flush(false).await?;
+            while let Some(t) = inputs.next().await {
+                w.send_tensor(&t, false).await?;
+            }
+            w.finish().await
+        });
+        Ok(TensorStream::new(r, true).with_sender(sender))
+    }
+
+    /// [`Client::exchange`] with a list of inputs, collecting every output.
+    pub async fn exchange_all(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, CallError> {
+        self.exchange(futures_util::stream::iter(inputs)).await?.collect_all().await
+    }
+
+}

@@ -1,0 +1,133 @@
+//! Entry points for the cargo-fuzz targets in `fuzz/` (compiled only with
+//! the non-default `fuzzing` feature, which `fuzz/` and the corpus replay
+//! test turn on), kept here so the
+//! committed seed corpus also runs through them in the normal test suite
+//! (`tests/fuzz_corpus.rs`). Each takes arbitrary bytes and must return
+//! without panicking, hanging or allocating more than the limits allow.
+
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+use tensorwire_codecs::compress::{Compression, Decompressor};
+use tensorwire_codecs::{DecodeLimits, safetensors, torch};
+use tensorwire_proto::v1::{FrameHeader, frame_header::Kind};
+use tensorwire_transports::mux::frame::{Decoder, Limits};
+
+use crate::pipeline::chunk::{Assembly, ReassemblyLimits, Step};
+
+/// Limits small enough that a fuzzer cannot exhaust memory through them.
+fn limits() -> DecodeLimits {
+    DecodeLimits {
+        max_tensor_bytes: 64 << 20,
+        max_pickle_bytes: 1 << 20,
+        max_entries: 10_000,
+        max_tensors: 10_000,
+        ..DecodeLimits::default()
+    }
+}
+
+/// The torch.save reader (zip + safe pickle).
+pub fn torch_load(data: &[u8]) {
+    if let Ok(v) = torch::load(Bytes::copy_from_slice(data), &limits()) {
+        for (_, t) in v.tensors() {
+            let _ = t.crc32c();
+        }
+    }
+}
+
+/// The pickle interpreter alone.
+pub fn pickle(data: &[u8]) {
+    let _ = torch::pickle::load(data, &limits());
+}
+
+/// The safetensors reader.
+pub fn safetensors_load(data: &[u8]) {
+    if let Ok(l) = safetensors::load(Bytes::copy_from_slice(data), &limits()) {
+        for (_, t) in &l.tensors {
+            let _ = t.crc32c();
+        }
+    }
+}
+
+/// One decompressor: the first 3 bytes pick the declared output size
+/// (up to 1 MiB) and the shuffle element size; the rest is the input.
+fn decompress(data: &[u8], c: Compression) {
+    let [a, b, s, rest @ ..] = data else { return };
+    let size = (usize::from(*a) << 12 | usize::from(*b) << 4) % (1 << 20);
+    let mut out = vec![0u8; size];
+    let _ = Decompressor::new().decompress(c, u32::from(*s % 17), rest, &mut out);
+}
+
+/// lz4 block decompression into a declared size.
+pub fn lz4(data: &[u8]) {
+    decompress(data, Compression::Lz4);
+}
+
+/// zstd decompression into a declared size.
+pub fn zstd(data: &[u8]) {
+    decompress(data, Compression::Zstd(3));
+}
+
+/// The mux frame decoder, fed in two arbitrary splits.
+pub fn mux_frames(data: &[u8]) {
+    let mut dec = Decoder::new(Limits { max_meta: 1 << 16, max_payload: 1 << 20 });
+    let split = data.first().map_or(0, |&b| usize::from(b)).min(data.len());
+    let mut buf = BytesMut::new();
+    for part in [&data[..split], &data[split..]] {
+        buf.extend_from_slice(part);
+        while let Ok(Some(f)) = dec.decode(&mut buf) {
+            let _ = FrameHeader::decode(f.meta);
+        }
+    }
+}
+
+/// Chunk headers from the wire through the [`Assembly`] the frame reader
+/// drives: a length-prefixed sequence of `FrameHeader`s, each followed by a
+/// payload of the declared length.
+pub fn reassembly(data: &[u8]) {
+    let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 20 });
+    let mut rest = data;
+    while let [len, tail @ ..] = rest {
+        let n = usize::from(*len).min(tail.len());
+        let (head, tail) = tail.split_at(n);
+        rest = tail;
+        let Ok(h) = FrameHeader::decode(head) else { continue };
+        let Some(Kind::Chunk(c)) = h.kind else { continue };
+        let plen = (c.raw_len as usize).min(rest.len()).min(1 << 20);
+        let (payload, tail) = rest.split_at(plen);
+        rest = tail;
+        match a.push(&c, Bytes::copy_from_slice(payload)) {
+            Ok(Step::Done(_)) => {
+                let _ = a.finished();
+            }
+            Ok(Step::More) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The skytorch chunk reassembler and the torch decoder behind it: the
+/// input is a sequence of protobuf `TensorChunk`s, each prefixed by a
+/// 2-byte little-endian length.
+#[cfg(feature = "torch")]
+pub fn compat_chunks(data: &[u8]) {
+    use tensorwire_proto::compat::TensorChunk;
+    let limits = crate::Limits { max_tensor_bytes: 64 << 20, ..Default::default() };
+    let mut asm = crate::grpc::chunks::Assembler::new(limits.max_tensor_bytes);
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let n = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
+        let (msg, tail) = rest[2..].split_at(n);
+        rest = tail;
+        let Ok(c) = TensorChunk::decode(msg) else { continue };
+        match asm.push(c) {
+            Ok(Some(a)) => {
+                if let Ok(t) = crate::grpc::chunks::decode_tensor(a.bytes, &limits) {
+                    let _ = t.crc32c();
+                }
+            }
+            Ok(None) => {}
+            Err(_) => return,
+        }
+    }
+    let _ = asm.finish();
+}

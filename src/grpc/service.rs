@@ -1,0 +1,264 @@
+//! What a gRPC listener serves beside `tensorwire.v1.TensorService`:
+//!
+//! - **`grpc.health.v1.Health`** (Check and Watch): overall status `""`,
+//!   `tensorwire.v1.TensorService` and `skytorch.torch.Service`, all
+//!   SERVING until graceful shutdown begins, NOT_SERVING from then on, so
+//!   `grpc-health-probe` and Kubernetes probes see a draining server.
+//! - **Server reflection** (`grpc.reflection.v1` and `v1alpha`), so
+//!   `grpcurl -plaintext host:port list` and `describe` work.
+//! - **`skytorch.torch.Service`**, the protocol of the Python tensor server
+//!   (`proto/skytorch/torch/service.proto`), served unchanged: existing
+//!   grpcio clients send `torch.save()` bytes in chunks and get them back.
+//!   Each compat call runs through the same dispatcher, handlers, limits
+//!   and statistics as a native call (`ReceiveTensors` → the service's
+//!   `send`, `SendTensors` → `fetch` with `count` and the request's
+//!   parameters, `StreamTensors` → `exchange`).
+//!
+//! [`CompatClient`](super::CompatClient) is the other direction.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tensorwire_codecs::{CodecKind, CompressionMode};
+use tensorwire_proto::compat::service_server::{Service as CompatApi, ServiceServer};
+use tensorwire_proto::compat::{TensorChunk, TensorRequest, TensorResponse};
+use tensorwire_proto::v1::{self, Method, frame_header::Kind};
+use tensorwire_transports::grpc::{self as tgrpc, Routes};
+use tensorwire_transports::{ConnectionInfo, Endpoint, Incoming, ListenError, Listener, StreamKind};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Streaming};
+
+use super::chunks::{Assembler, decode_tensor, encode_chunks};
+use super::status::{call_status, to_tonic};
+use crate::config::{Encoding, Limits};
+use crate::pipeline::link::{LinkEstimator, SharedCaps};
+use crate::pipeline::pipe::pipe;
+use crate::pipeline::reader::FrameReader;
+use crate::pipeline::tensors::TensorStream;
+use crate::pipeline::writer::FrameWriter;
+use crate::server::dispatch::{constant_time_eq, handle_stream};
+use crate::server::state::{ServerInner, Session};
+
+/// The gRPC service names reported by the health service.
+pub const HEALTH_SERVICES: [&str; 3] = ["", "tensorwire.v1.TensorService", "skytorch.torch.Service"];
+
+/// Listens on a gRPC endpoint with every service of this module mounted.
+pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Box<dyn Listener>, ListenError> {
+    let config_err = |reason: String| ListenError::Config { endpoint: ep.to_string(), reason };
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for s in HEALTH_SERVICES {
+        reporter.set_service_status(s, tonic_health::ServingStatus::Serving).await;
+    }
+    let shutdown = inner.shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        for s in HEALTH_SERVICES {
+            reporter.set_service_status(s, tonic_health::ServingStatus::NotServing).await;
+        }
+    });
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tensorwire_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = reflection().build_v1().map_err(|e| config_err(format!("reflection: {e}")))?;
+    let v1alpha = reflection().build_v1alpha().map_err(|e| config_err(format!("reflection: {e}")))?;
+    let limit = tgrpc::message_limit(&inner.config.transport);
+    let compat = ServiceServer::new(Compat { inner: inner.clone(), next: AtomicU64::new(1) })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let routes = Routes::new(health).add_service(v1).add_service(v1alpha).add_service(compat);
+    tgrpc::listen_with(ep, &inner.config.transport, routes).await
+}
+
+// ---------------------------------------------------------------------------
+// The compat service
+
+struct Compat {
+    inner: Arc<ServerInner>,
+    next: AtomicU64,
+}
+
+type ChunkStream = ReceiverStream<Result<TensorChunk, tonic::Status>>;
+
+/// Both ends of one dispatched call.
+struct Piped {
+    writer: FrameWriter,
+    output: TensorStream,
+}
+
+impl Compat {
+    fn check_auth<T>(&self, req: &Request<T>) -> Result<(), tonic::Status> {
+        let Some(token) = &self.inner.config.auth_token else { return Ok(()) };
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if given
+            .strip_prefix("Bearer ")
+            .is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
+        {
+            Ok(())
+        } else {
+            Err(tonic::Status::unauthenticated("missing or wrong auth token (metadata authorization: Bearer …)"))
+        }
+    }
+
+    fn chunk_size(&self) -> usize {
+        let c = &self.inner.config;
+        c.encoding.effective_chunk_size().min(c.transport.max_frame_payload as usize)
+    }
+
+    /// Starts `kind` in the dispatcher, as a native call from `peer` would.
+    async fn start(&self, kind: StreamKind, peer: String, request: v1::Request) -> Result<Piped, tonic::Status> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (to_server, server_in) = pipe(id, &peer);
+        let (server_out, from_server) = pipe(id, &peer);
+        let info = ConnectionInfo {
+            transport: "grpc",
+            peer: peer.clone(),
+            max_frame_payload: self.inner.config.transport.max_frame_payload.into(),
+            local: false,
+            stateless: true,
+        };
+        let session = Arc::new(Session {
+            info,
+            handshaken: AtomicBool::new(true),
+            caps: Mutex::new(SharedCaps::default()),
+            link: Arc::new(LinkEstimator::default()),
+        });
+        let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
+        tokio::spawn(handle_stream(self.inner.clone(), session, inc));
+        // Raw codec in the pipe: tensors pass as slices of their bytes.
+        let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };
+        let mut writer = FrameWriter::new(Box::new(to_server), enc, SharedCaps::default(), u64::MAX, None);
+        let mut request = request;
+        request.auth_token = self.inner.config.auth_token.clone().unwrap_or_default();
+        writer.control(Kind::Request(Box::new(request)));
+        writer.flush(false).await.map_err(call_status)?;
+        let limits = self.inner.config.limits.clone();
+        let output = TensorStream::new(FrameReader::new(Box::new(from_server), peer, limits, false), true);
+        Ok(Piped { writer, output })
+    }
+
+    fn peer<T>(req: &Request<T>) -> String {
+        req.remote_addr().map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
+    }
+}
+
+/// Feeds compat chunks into a call as tensors; ends the call's input.
+async fn feed(
+    mut chunks: Streaming<TensorChunk>,
+    writer: &mut FrameWriter,
+    limits: &Limits,
+) -> Result<u64, tonic::Status> {
+    let mut asm = Assembler::new(limits.max_tensor_bytes);
+    let mut n = 0;
+    while let Some(c) = chunks.message().await? {
+        if let Some(a) = asm.push(c).map_err(|s| to_tonic(&s))? {
+            // Named by the sender's metadata, else by its tensor_id (so a
+            // store service keeps it under a name the sender knows).
+            let name = a.metadata.get("name").cloned().unwrap_or(a.id);
+            let t = decode_tensor(a.bytes, limits).map_err(|s| to_tonic(&s))?.with_name(name);
+            writer.send_tensor(&t, false).await.map_err(call_status)?;
+            n += 1;
+        }
+    }
+    asm.finish().map_err(|s| to_tonic(&s))?;
+    writer.finish().await.map_err(call_status)?;
+    Ok(n)
+}
+
+/// Streams a call's output tensors as compat chunks.
+fn drain(mut output: TensorStream, chunk: usize) -> ChunkStream {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Some(t) = output.next().await {
+            let chunks = t.map_err(call_status).and_then(|t| encode_chunks(&t, chunk).map_err(|s| to_tonic(&s)));
+            match chunks {
+                Ok(cs) => {
+                    for c in cs {
+                        if tx.send(Ok(c)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(s) => {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+#[tonic::async_trait]
+impl CompatApi for Compat {
+    async fn receive_tensors(
+        &self,
+        req: Request<Streaming<TensorChunk>>,
+    ) -> Result<Response<TensorResponse>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let request = v1::Request { method: Method::Send as i32, ..Default::default() };
+        let Piped { mut writer, mut output } = self.start(StreamKind::Send, peer, request).await?;
+        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits).await;
+        if fed.is_err() {
+            // The handler must not take a cut-off stream for a complete one.
+            writer.reset(1);
+        }
+        // The handler's verdict explains a failure better than the feed's.
+        let mut outcome = Ok(());
+        while let Some(t) = output.next().await {
+            if let Err(e) = t {
+                outcome = Err(call_status(e));
+                break;
+            }
+        }
+        fed?;
+        outcome?;
+        let reply = output.reply().cloned().unwrap_or_default();
+        Ok(Response::new(TensorResponse {
+            success: true,
+            message: reply.message,
+            received_count: i32::try_from(reply.received_count).unwrap_or(i32::MAX),
+        }))
+    }
+
+    type SendTensorsStream = ChunkStream;
+
+    async fn send_tensors(&self, req: Request<TensorRequest>) -> Result<Response<ChunkStream>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let TensorRequest { count, parameters } = req.into_inner();
+        let mut params: std::collections::HashMap<String, String> = parameters;
+        if count > 0 {
+            params.insert("count".into(), count.to_string());
+        }
+        let request = v1::Request { method: Method::Fetch as i32, params, ..Default::default() };
+        let Piped { mut writer, output } = self.start(StreamKind::Fetch, peer, request).await?;
+        writer.finish().await.map_err(call_status)?;
+        Ok(Response::new(drain(output, self.chunk_size())))
+    }
+
+    type StreamTensorsStream = ChunkStream;
+
+    async fn stream_tensors(
+        &self,
+        req: Request<Streaming<TensorChunk>>,
+    ) -> Result<Response<ChunkStream>, tonic::Status> {
+        self.check_auth(&req)?;
+        let peer = Self::peer(&req);
+        let request = v1::Request { method: Method::Exchange as i32, ..Default::default() };
+        let Piped { mut writer, output } = self.start(StreamKind::Exchange, peer, request).await?;
+        let limits = self.inner.config.limits.clone();
+        let chunks = req.into_inner();
+        tokio::spawn(async move {
+            if let Err(e) = feed(chunks, &mut writer, &limits).await {
+                tracing::debug!(error = %e, "compat StreamTensors input failed");
+                writer.reset(1);
+            }
+        });
+        Ok(Response::new(drain(output, self.chunk_size())))
+    }
+}
+

@@ -1,0 +1,139 @@
+//! What a server says about itself: functions, statistics, health.
+
+use std::time::Duration;
+
+use tensorwire_proto::v1;
+
+use crate::rpc::function::TensorSpec;
+
+/// A function as `list_functions` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// Name.
+    pub name: String,
+    /// Declared inputs, if any.
+    pub inputs: Option<Vec<TensorSpec>>,
+    /// Description.
+    pub doc: String,
+    /// For batched functions: largest batch and longest wait.
+    pub batch: Option<(usize, Duration)>,
+    /// True for async functions.
+    pub is_async: bool,
+}
+
+impl FunctionInfo {
+    pub(crate) fn from_wire(w: &v1::FunctionInfo) -> Self {
+        Self {
+            name: w.name.clone(),
+            inputs: (!w.inputs.is_empty()).then(|| w.inputs.iter().map(TensorSpec::from_wire).collect()),
+            doc: w.doc.clone(),
+            batch: (w.max_batch > 0).then(|| (w.max_batch as usize, Duration::from_micros(w.max_wait_us))),
+            is_async: w.is_async,
+        }
+    }
+}
+
+/// Per-function server statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FunctionStatistics {
+    /// Function name.
+    pub name: String,
+    /// Calls (examples, for batched functions).
+    pub calls: u64,
+    /// Failed calls.
+    pub failures: u64,
+    /// Runs of the function (batches, for batched functions).
+    pub batches: u64,
+    /// Time spent in the function.
+    pub total_time: Duration,
+}
+
+/// The server's name, capabilities and totals (`service_info`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceInfo {
+    /// Configured service name.
+    pub service_name: String,
+    /// tensorwire version of the server.
+    pub version: String,
+    /// Transports it listens on.
+    pub transports: Vec<String>,
+    /// Codecs it accepts.
+    pub codecs: Vec<String>,
+    /// Compressions it accepts.
+    pub compressions: Vec<String>,
+    /// Devices it has (`cpu`, `cuda:0`, ...).
+    pub devices: Vec<String>,
+    /// Time since it started.
+    pub uptime: Duration,
+    /// Calls served.
+    pub calls: u64,
+    /// Calls that failed.
+    pub failures: u64,
+    /// Tensor payload bytes received.
+    pub bytes_received: u64,
+    /// Tensor payload bytes sent.
+    pub bytes_sent: u64,
+    /// Calls in progress.
+    pub active_calls: u64,
+    /// Per-function statistics.
+    pub functions: Vec<FunctionStatistics>,
+}
+
+impl ServiceInfo {
+    pub(crate) fn to_wire(&self) -> v1::ServiceInfo {
+        v1::ServiceInfo {
+            service_name: self.service_name.clone(),
+            version: self.version.clone(),
+            transports: self.transports.clone(),
+            codecs: self.codecs.clone(),
+            compressions: self.compressions.clone(),
+            devices: self.devices.clone(),
+            uptime_ms: self.uptime.as_millis() as u64,
+            calls: self.calls,
+            failures: self.failures,
+            bytes_received: self.bytes_received,
+            bytes_sent: self.bytes_sent,
+            active_calls: self.active_calls,
+            functions: self
+                .functions
+                .iter()
+                .map(|f| v1::FunctionStats {
+                    name: f.name.clone(),
+                    calls: f.calls,
+                    failures: f.failures,
+                    batches: f.batches,
+                    examples: f.calls,
+                    total_time_us: f.total_time.as_micros() as u64,
+                })
+                .collect(),
+        }
+    }
+
+    pub(crate) fn from_wire(w: &v1::ServiceInfo) -> Self {
+        Self {
+            service_name: w.service_name.clone(),
+            version: w.version.clone(),
+            transports: w.transports.clone(),
+            codecs: w.codecs.clone(),
+            compressions: w.compressions.clone(),
+            devices: w.devices.clone(),
+            uptime: Duration::from_millis(w.uptime_ms),
+            calls: w.calls,
+            failures: w.failures,
+            bytes_received: w.bytes_received,
+            bytes_sent: w.bytes_sent,
+            active_calls: w.active_calls,
+            functions: w
+                .functions
+                .iter()
+                .map(|f| FunctionStatistics {
+                    name: f.name.clone(),
+                    calls: f.calls,
+                    failures: f.failures,
+                    batches: f.batches,
+                    total_time: Duration::from_micros(f.total_time_us),
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,538 @@
+//! Chunking and reassembly, sans-IO: no sockets, no tokio.
+//!
+//! [`Chunker`] cuts an encoded payload (a list of segments) into chunk
+//! headers and payload slices. Large segments are sliced without copying;
+//! runs of small segments (codec headers) are merged into one chunk.
+//!
+//! [`Reassembler`] checks each incoming chunk header against the tensor's
+//! first chunk and the limits — tensor id, index, offset, sizes, compression
+//! — and says where its bytes go in the tensor's buffer. The buffer is
+//! allocated once, from the declared total, after the limit check; chunks
+//! are written at their offsets (or placed there by the transport), so
+//! there is no reassembly copy.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use tensorwire_codecs::compress::Decompressor;
+use tensorwire_codecs::{Compression, Encoded};
+use tensorwire_proto::v1;
+
+use crate::pipeline::wire::compression_from_wire;
+
+/// Segments at most this long are merged with their neighbours (copying
+/// them); longer ones are sliced in place.
+const SMALL_SEGMENT: usize = 64 << 10;
+
+/// Cuts one tensor's payload into chunks.
+#[derive(Debug)]
+pub struct Chunker {
+    tensor_id: u64,
+    info: Option<v1::TensorInfo>,
+    segments: VecDeque<Bytes>,
+    total: u64,
+    offset: u64,
+    index: u32,
+    chunk_size: usize,
+    crc32c: Option<u32>,
+}
+
+impl Chunker {
+    /// A chunker for `encoded`, whose header is `info`. `chunk_size` is in bytes.
+    pub fn new(tensor_id: u64, info: v1::TensorInfo, encoded: Encoded, chunk_size: usize) -> Self {
+        let total = encoded.len();
+        Self {
+            tensor_id,
+            info: Some(info),
+            segments: encoded.segments.into_iter().filter(|s| !s.is_empty()).collect(),
+            total,
+            offset: 0,
+            index: 0,
+            chunk_size: chunk_size.max(1),
+            crc32c: None,
+        }
+    }
+
+    /// Puts a CRC-32C of the whole payload into the last chunk.
+    pub fn with_crc32c(mut self, crc: u32) -> Self {
+        self.crc32c = Some(crc);
+        self
+    }
+
+    /// The next chunk header and its (uncompressed) payload, or None when done.
+    pub fn next_chunk(&mut self) -> Option<(v1::Chunk, Bytes)> {
+        if self.info.is_none() && self.offset >= self.total {
+            return None;
+        }
+        let payload = self.take_payload();
+        let offset = self.offset;
+        self.offset += payload.len() as u64;
+        let last = self.offset >= self.total;
+        let chunk = v1::Chunk {
+            tensor_id: self.tensor_id,
+            index: self.index,
+            offset,
+            total_bytes: self.total,
+            last,
+            compression: v1::Compression::None as i32,
+            shuffle: 0,
+            raw_len: payload.len() as u64,
+            info: self.info.take().map(Box::new),
+            crc32c: if last { self.crc32c } else { None },
+            shm_segment: 0,
+        };
+        self.index += 1;
+        Some((chunk, payload))
+    }
+
+    fn take_payload(&mut self) -> Bytes {
+        if self.segments.is_empty() {
+            return Bytes::new();
+        }
+        // A large segment, or a small one not followed by another small one,
+        // is sliced in place.
+        let next_small = self.segments.get(1).is_some_and(|s| s.len() <= SMALL_SEGMENT);
+        let front = self.segments.front_mut().expect("checked");
+        if front.len() > SMALL_SEGMENT || !next_small || front.len() >= self.chunk_size {
+            let n = front.len().min(self.chunk_size);
+            let p = front.split_to(n);
+            if front.is_empty() {
+                self.segments.pop_front();
+            }
+            return p;
+        }
+        // Merge a run of small segments (codec headers) up to the chunk size.
+        let run: usize = self.segments.iter().take_while(|s| s.len() <= SMALL_SEGMENT).map(Bytes::len).sum();
+        let mut out = Vec::with_capacity(run.min(self.chunk_size));
+        while let Some(s) = self.segments.front_mut() {
+            if s.len() > SMALL_SEGMENT || out.len() >= self.chunk_size {
+                break;
+            }
+            let n = s.len().min(self.chunk_size - out.len());
+            out.extend_from_slice(&s.split_to(n));
+            if s.is_empty() {
+                self.segments.pop_front();
+            }
+        }
+        Bytes::from(out)
+    }
+}
+
+/// A chunk that does not fit the tensor it claims to belong to, or the limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChunkError {
+    /// The chunk breaks the sequence or its own sizes.
+    #[error("{0}")]
+    Protocol(String),
+    /// The tensor's buffer could not be allocated (the declared size was
+    /// within the limits, but this process has not got the memory).
+    #[error("cannot allocate {size} bytes for tensor {tensor_id}")]
+    OutOfMemory {
+        /// The tensor.
+        tensor_id: u64,
+        /// Its declared size.
+        size: u64,
+    },
+    /// The tensor declares more than `max_tensor_bytes`.
+    #[error("tensor {tensor_id} declares {size} bytes, above the limit of {limit} (max_tensor_bytes)")]
+    TooLarge {
+        /// The tensor's id in the stream.
+        tensor_id: u64,
+        /// Declared size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Where one chunk's bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// This is the tensor's first chunk: allocate `total` bytes first.
+    pub first: bool,
+    /// This is the tensor's last chunk.
+    pub last: bool,
+    /// Offset of the chunk's decoded bytes in the tensor buffer.
+    pub offset: usize,
+    /// Decoded length of the chunk.
+    pub raw_len: usize,
+    /// Total decoded payload of the tensor.
+    pub total: usize,
+    /// How the chunk is compressed.
+    pub compression: Compression,
+    /// Shuffle element size (0 or 1: none).
+    pub shuffle: u32,
+}
+
+impl ChunkPlan {
+    /// Writes the chunk's wire payload into `buf` (the tensor buffer):
+    /// a copy, or a bounded decompression into exactly `raw_len` bytes.
+    pub fn write(&self, payload: &[u8], buf: &mut [u8], dec: &mut Decompressor) -> Result<(), ChunkError> {
+        let len = buf.len();
+        let dst = buf.get_mut(self.offset..self.offset + self.raw_len).ok_or_else(|| {
+            ChunkError::Protocol(format!("chunk at {} does not fit a {len} byte buffer", self.offset))
+        })?;
+        dec.decompress(self.compression, self.shuffle, payload, dst).map_err(|e| ChunkError::Protocol(e.to_string()))
+    }
+}
+
+/// The limits a reassembler enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReassemblyLimits {
+    /// Largest decoded payload of one tensor.
+    pub max_tensor_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Partial {
+    tensor_id: u64,
+    total: u64,
+    next_index: u32,
+    next_offset: u64,
+}
+
+/// Follows the chunks of one tensor at a time on a stream.
+#[derive(Debug)]
+pub struct Reassembler {
+    limits: ReassemblyLimits,
+    current: Option<Partial>,
+    info: Option<v1::TensorInfo>,
+    crc32c: Option<u32>,
+}
+
+impl Reassembler {
+    /// A reassembler enforcing `limits`.
+    pub fn new(limits: ReassemblyLimits) -> Self {
+        Self { limits, current: None, info: None, crc32c: None }
+    }
+
+    /// Checks the header of the next chunk, whose wire payload has
+    /// `payload_len` bytes, and returns where its bytes go.
+    pub fn plan(&mut self, c: &v1::Chunk, payload_len: usize) -> Result<ChunkPlan, ChunkError> {
+        let compression = compression_from_wire(c.compression).map_err(ChunkError::Protocol)?;
+        if compression == Compression::None && c.raw_len != payload_len as u64 {
+            return Err(ChunkError::Protocol(format!(
+                "uncompressed chunk {} declares {} bytes but carries {payload_len}",
+                c.index, c.raw_len
+            )));
+        }
+        if c.shuffle > 16 {
+            return Err(ChunkError::Protocol(format!("shuffle element size {} is above 16", c.shuffle)));
+        }
+        let first = self.current.is_none();
+        if first {
+            if c.index != 0 || c.offset != 0 {
+                return Err(ChunkError::Protocol(format!(
+                    "tensor {} starts with chunk {} at offset {} (expected chunk 0 at 0)",
+                    c.tensor_id, c.index, c.offset
+                )));
+            }
+            let Some(info) = &c.info else {
+                return Err(ChunkError::Protocol(format!("first chunk of tensor {} has no tensor info", c.tensor_id)));
+            };
+            if c.total_bytes > self.limits.max_tensor_bytes {
+                return Err(ChunkError::TooLarge {
+                    tensor_id: c.tensor_id,
+                    size: c.total_bytes,
+                    limit: self.limits.max_tensor_bytes,
+                });
+            }
+            if usize::try_from(c.total_bytes).is_err() {
+                return Err(ChunkError::Protocol(format!("tensor of {} bytes does not fit in memory", c.total_bytes)));
+            }
+            self.info = Some((**info).clone());
+            self.crc32c = None;
+            self.current =
+                Some(Partial { tensor_id: c.tensor_id, total: c.total_bytes, next_index: 0, next_offset: 0 });
+        }
+        let p = self.current.as_mut().expect("set above");
+        if c.tensor_id != p.tensor_id
+            || c.index != p.next_index
+            || c.offset != p.next_offset
+            || c.total_bytes != p.total
+        {
+            return Err(ChunkError::Protocol(format!(
+                "chunk (tensor {}, index {}, offset {}, total {}) out of sequence: expected tensor {} index {} offset {} total {}",
+                c.tensor_id, c.index, c.offset, c.total_bytes, p.tensor_id, p.next_index, p.next_offset, p.total
+            )));
+        }
+        if !first && c.info.is_some() {
+            return Err(ChunkError::Protocol(format!(
+                "chunk {} of tensor {} repeats the tensor info",
+                c.index, c.tensor_id
+            )));
+        }
+        let end = c.offset.checked_add(c.raw_len).filter(|&e| e <= p.total).ok_or_else(|| {
+            ChunkError::Protocol(format!(
+                "chunk {} ({} bytes at {}) runs past the tensor's {} bytes",
+                c.index, c.raw_len, c.offset, p.total
+            ))
+        })?;
+        if c.last != (end == p.total) {
+            return Err(ChunkError::Protocol(format!(
+                "chunk {} ends at {end} of {} but is {}marked last",
+                c.index,
+                p.total,
+                if c.last { "" } else { "not " }
+            )));
+        }
+        if c.raw_len == 0 && !c.last {
+            return Err(ChunkError::Protocol(format!("empty chunk {} before the end", c.index)));
+        }
+        p.next_index = p.next_index.checked_add(1).ok_or_else(|| ChunkError::Protocol("too many chunks".into()))?;
+        p.next_offset = end;
+        let plan = ChunkPlan {
+            first,
+            last: c.last,
+            offset: c.offset as usize,
+            raw_len: c.raw_len as usize,
+            total: p.total as usize,
+            compression,
+            shuffle: c.shuffle,
+        };
+        if c.last {
+            self.crc32c = c.crc32c;
+            self.current = None;
+        }
+        Ok(plan)
+    }
+
+    /// After the last chunk: the tensor's header and, if the sender sent
+    /// one, the payload's CRC-32C.
+    pub fn finished(&mut self) -> Option<(v1::TensorInfo, Option<u32>)> {
+        if self.current.is_some() {
+            return None;
+        }
+        Some((self.info.take()?, self.crc32c.take()))
+    }
+}
+
+/// A zeroed buffer of `n` bytes, or None when the allocator has not got
+/// the memory (never an abort: the size came from a peer). Zeroed pages
+/// come from `calloc`, so untouched parts cost nothing until written.
+pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size. A non-null pointer from
+    // `alloc_zeroed` points to `n` initialised (zero) bytes allocated by the
+    // global allocator with the layout `Vec<u8>` uses for capacity `n`, so
+    // the Vec may own and free it.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout);
+        if p.is_null() { None } else { Some(Vec::from_raw_parts(p, n, n)) }
+    }
+}
+
+/// What feeding a chunk to an [`Assembly`] gave.
+#[derive(Debug)]
+pub enum Step {
+    /// More chunks follow.
+    More,
+    /// The tensor's whole payload (its header: [`Assembly::finished`]).
+    Done(Bytes),
+}
+
+/// The reassembly of the tensors of one stream, sans-IO: the frame reader
+/// feeds it each chunk as it arrives (and so does the `reassembly` fuzz
+/// target), and it checks the chunk ([`Reassembler`]), allocates the
+/// tensor's buffer once from the declared size (fallibly), writes or
+/// decompresses the chunk at its offset, and hands back the payload after
+/// the last chunk. A tensor that fits one uncompressed chunk is handed back
+/// as the chunk's own bytes (no copy).
+///
+/// While a transport writes chunks into the buffer itself (placement), the
+/// buffer is lent out ([`Assembly::lend`]) and chunks are fed with
+/// [`Assembly::push_into`] and [`Assembly::placed`].
+#[derive(Debug)]
+pub struct Assembly {
+    reasm: Reassembler,
+    dec: Decompressor,
+    buf: Vec<u8>,
+}
+
+impl Assembly {
+    /// An assembly enforcing `limits`.
+    pub fn new(limits: ReassemblyLimits) -> Self {
+        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), buf: Vec::new() }
+    }
+
+    /// Feeds a chunk whose payload arrived in memory.
+    pub fn push(&mut self, c: &v1::Chunk, payload: Bytes) -> Result<Step, ChunkError> {
+        let plan = self.reasm.plan(c, payload.len())?;
+        if plan.first {
+            if plan.last && plan.compression == Compression::None {
+                return Ok(Step::Done(payload));
+            }
+            self.buf = try_zeroed(plan.total)
+                .ok_or(ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.total as u64 })?;
+        }
+        plan.write(&payload, &mut self.buf, &mut self.dec)?;
+        Ok(if plan.last { Step::Done(Bytes::from(std::mem::take(&mut self.buf))) } else { Step::More })
+    }
+
+    /// Lends the partly filled buffer of the tensor in progress (for a
+    /// transport to write chunks into); [`Assembly::finish_lent`] takes it back.
+    pub fn lend(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Feeds a chunk whose payload arrived in memory while the buffer is
+    /// lent: writes it into `lent`. Returns true after the last chunk.
+    pub fn push_into(&mut self, c: &v1::Chunk, payload: &[u8], lent: &mut [u8]) -> Result<bool, ChunkError> {
+        let plan = self.reasm.plan(c, payload.len())?;
+        if plan.first {
+            return Err(ChunkError::Protocol(format!("tensor {} started while another was in progress", c.tensor_id)));
+        }
+        plan.write(payload, lent, &mut self.dec)?;
+        Ok(plan.last)
+    }
+
+    /// Feeds a chunk the transport already wrote into the lent buffer, at
+    /// `offset` with `len` bytes. Returns true after the last chunk.
+    pub fn placed(&mut self, c: &v1::Chunk, offset: u64, len: usize) -> Result<bool, ChunkError> {
+        let plan = self.reasm.plan(c, len)?;
+        if plan.first || offset as usize != plan.offset || len != plan.raw_len || plan.compression != Compression::None
+        {
+            return Err(ChunkError::Protocol("a placed chunk does not match its header".into()));
+        }
+        Ok(plan.last)
+    }
+
+    /// After the last chunk: the tensor's header and, if the sender sent
+    /// one, the payload's CRC-32C.
+    pub fn finished(&mut self) -> Option<(v1::TensorInfo, Option<u32>)> {
+        self.reasm.finished()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tensorwire_codecs::compress::Compressor;
+
+    fn encoded(segs: &[usize]) -> Encoded {
+        let mut k = 0u8;
+        Encoded {
+            info: Default::default(),
+            segments: segs
+                .iter()
+                .map(|&n| {
+                    Bytes::from(
+                        (0..n)
+                            .map(|_| {
+                                k = k.wrapping_add(1);
+                                k
+                            })
+                            .collect::<Vec<u8>>(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn reassemble(chunks: &[(v1::Chunk, Bytes)], limit: u64) -> Result<Vec<u8>, ChunkError> {
+        let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: limit });
+        let mut out = None;
+        for (c, p) in chunks {
+            if let Step::Done(b) = a.push(c, p.clone())? {
+                out = Some(b.to_vec());
+            }
+        }
+        a.finished().ok_or_else(|| ChunkError::Protocol("unfinished".into()))?;
+        out.ok_or_else(|| ChunkError::Protocol("no last chunk".into()))
+    }
+
+    fn chunks_of(e: Encoded, size: usize) -> Vec<(v1::Chunk, Bytes)> {
+        let mut c = Chunker::new(7, v1::TensorInfo::default(), e, size);
+        std::iter::from_fn(|| c.next_chunk()).collect()
+    }
+
+    #[test]
+    fn large_segments_are_sliced_without_copy() {
+        let e = encoded(&[300, 3 << 20, 200]);
+        let big = e.segments[1].clone();
+        let chunks = chunks_of(e.clone(), 1 << 20);
+        // header (300 B), then 3 × 1 MiB slices of the big segment, then the trailer.
+        assert_eq!(chunks.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(), vec![300, 1 << 20, 1 << 20, 1 << 20, 200]);
+        assert_eq!(chunks[1].1.as_ptr(), big.as_ptr());
+        assert!(chunks[0].0.info.is_some() && chunks[1].0.info.is_none());
+        assert!(chunks[4].0.last && !chunks[3].0.last);
+        assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), e.to_bytes().to_vec());
+    }
+
+    #[test]
+    fn empty_tensor_is_one_chunk() {
+        let chunks = chunks_of(encoded(&[]), 1024);
+        assert_eq!(chunks.len(), 1);
+        assert!(chunks[0].0.last && chunks[0].0.total_bytes == 0);
+        assert_eq!(reassemble(&chunks, 0).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn limits_and_lies_are_refused() {
+        let chunks = chunks_of(encoded(&[5000]), 1024);
+        let e = reassemble(&chunks, 4999).unwrap_err();
+        assert!(matches!(e, ChunkError::TooLarge { size: 5000, limit: 4999, .. }), "{e}");
+        let mut bad = chunks.clone();
+        bad.swap(1, 2);
+        assert!(reassemble(&bad, u64::MAX).unwrap_err().to_string().contains("out of sequence"));
+        let mut bad = chunks.clone();
+        bad[1].0.raw_len += 1;
+        assert!(reassemble(&bad, u64::MAX).is_err());
+        let mut bad = chunks.clone();
+        bad[4].0.last = false;
+        assert!(reassemble(&bad, u64::MAX).is_err());
+        let mut bad = chunks.clone();
+        bad[2].0.tensor_id = 99;
+        assert!(reassemble(&bad, u64::MAX).is_err());
+        let mut bad = chunks.clone();
+        bad[0].0.info = None;
+        assert!(reassemble(&bad, u64::MAX).unwrap_err().to_string().contains("no tensor info"));
+        let mut bad = chunks;
+        bad[1].0.compression = 42;
+        assert!(reassemble(&bad, u64::MAX).unwrap_err().to_string().contains("unknown compression"));
+    }
+
+    #[test]
+    fn compressed_chunks_decompress_in_place_and_bombs_fail() {
+        let data: Vec<u8> = (0..200_000u32).flat_map(|i| ((i / 100) as f32).to_le_bytes()).collect();
+        let e = Encoded { info: Default::default(), segments: vec![Bytes::from(data.clone())] };
+        let mut comp = Compressor::new();
+        let mut chunks = chunks_of(e, 100_000);
+        for (c, p) in &mut chunks {
+            if let Some(z) = comp.compress(Compression::Lz4, 4, p).unwrap() {
+                c.compression = v1::Compression::Lz4 as i32;
+                c.shuffle = 4;
+                *p = Bytes::from(z);
+            }
+        }
+        assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), data);
+        // A chunk whose data decodes to more than it declares.
+        let mut bomb = chunks.clone();
+        bomb[0].0.raw_len -= 8;
+        bomb[0].0.total_bytes -= 8;
+        for c in &mut bomb[1..] {
+            c.0.total_bytes -= 8;
+            c.0.offset -= 8;
+        }
+        assert!(reassemble(&bomb, u64::MAX).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_segmentation_round_trips(segs in proptest::collection::vec(0usize..200_000, 0..6), size in 4096usize..300_000) {
+            let e = encoded(&segs);
+            let whole = e.to_bytes().to_vec();
+            let chunks = chunks_of(e, size);
+            for (c, p) in &chunks {
+                prop_assert!(p.len() <= size);
+                prop_assert_eq!(c.raw_len as usize, p.len());
+            }
+            prop_assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), whole);
+        }
+    }
+}

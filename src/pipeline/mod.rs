@@ -1,0 +1,26 @@
+//! The pipeline: tensors ⇄ frames on one transport stream.
+//!
+//! - [`chunk`]: the sans-IO core: `Chunker` splits an encoded tensor into
+//!   chunk headers + payload slices; `Reassembler` checks each arriving
+//!   chunk against the declared size and limits and says where it goes.
+//!   No tokio, no sockets: unit-, property- and fuzz-tested.
+//! - [`wire`]: conversions between the tensor model and the protobuf headers,
+//!   the protocol version.
+//! - [`writer`]: `FrameWriter`, the async driver that sends a tensor chunk by
+//!   chunk (encoding, compression, progress, holding small frames back).
+//! - [`reader`]: `FrameReader`, the async driver that feeds arriving chunks to
+//!   the `Reassembler` (or lets the transport place them), checks and decodes.
+//! - [`tensors`]: `TensorStream` and `TensorSink`, the handles users see.
+//! - [`link`]: what a connection knows of its peer (limits, codecs) and link.
+//! - [`pipe`]: an in-process stream pair (gRPC compat calls, tests).
+//!
+//! May import: `config`, `error`, `util`, and the codecs, proto and
+//! transports crates. Nothing above it (rpc, client, server, grpc).
+
+pub(crate) mod chunk;
+pub(crate) mod link;
+pub(crate) mod pipe;
+pub(crate) mod reader;
+pub(crate) mod tensors;
+pub(crate) mod wire;
+pub(crate) mod writer;

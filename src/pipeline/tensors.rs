@@ -1,0 +1,152 @@
+//! The handles users see on a call: [`TensorStream`] (tensors arriving)
+//! and [`TensorSink`] (where a server handler writes the tensors it returns).
+
+use tensorwire_codecs::{CodecKind, CompressionMode, Tensor};
+use tensorwire_proto::v1::{self, frame_header::Kind};
+
+use super::reader::{FrameReader, Item};
+use super::wire::{codec_from_wire, compression_from_wire};
+use super::writer::FrameWriter;
+use crate::config::Encoding;
+use crate::error::{CallError, Status};
+
+/// Tensors arriving on a call: a server handler's inputs, or a client's
+/// fetch/exchange outputs.
+pub struct TensorStream {
+    reader: FrameReader,
+    client_side: bool,
+    done: bool,
+    reply: Option<v1::Reply>,
+    pending: Option<Tensor>,
+    sender: Option<tokio::task::JoinHandle<Result<(), CallError>>>,
+}
+
+impl TensorStream {
+    pub(crate) fn new(reader: FrameReader, client_side: bool) -> Self {
+        Self { reader, client_side, done: false, reply: None, pending: None, sender: None }
+    }
+
+    pub(crate) fn reader_mut(&mut self) -> &mut FrameReader {
+        &mut self.reader
+    }
+
+    /// Makes `t` the next tensor returned.
+    pub(crate) fn push_front(&mut self, t: Tensor) {
+        self.pending = Some(t);
+    }
+
+    /// Ties the task sending this call's inputs to the stream: its error
+    /// is reported once the outputs end (exchange).
+    pub(crate) fn with_sender(mut self, h: tokio::task::JoinHandle<Result<(), CallError>>) -> Self {
+        self.sender = Some(h);
+        self
+    }
+
+    /// The next tensor, or None at the end of the stream.
+    pub async fn next(&mut self) -> Option<Result<Tensor, CallError>> {
+        if let Some(t) = self.pending.take() {
+            return Some(Ok(t));
+        }
+        if self.done {
+            return None;
+        }
+        let mut r = self.step().await;
+        if !matches!(r, Some(Ok(_))) {
+            self.done = true;
+            if let Some(h) = self.sender.take() {
+                // A failed send explains a missing reply better than the reply does.
+                match h.await {
+                    Ok(Err(e)) if !matches!(r, Some(Err(CallError::Remote(_)))) => r = Some(Err(e)),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    _ => {}
+                }
+            }
+        }
+        r
+    }
+
+    async fn step(&mut self) -> Option<Result<Tensor, CallError>> {
+        match self.reader.next().await {
+            Ok(Item::Tensor(t)) => Some(Ok(t)),
+            Ok(Item::End) if self.client_side && self.reply.is_none() => {
+                Some(Err(self.reader.protocol("the server ended the call without a reply")))
+            }
+            Ok(Item::End) => None,
+            Ok(Item::Control(h)) => match h.kind {
+                Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),
+                Some(Kind::Reply(r)) if self.client_side => {
+                    self.reply = Some(*r);
+                    match self.reader.next().await {
+                        Ok(Item::End) => None,
+                        Ok(_) => Some(Err(self.reader.protocol("frames after the reply"))),
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                _ => Some(Err(self.reader.protocol(format!("unexpected {} frame among tensors", h.kind_name())))),
+            },
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Reads every remaining tensor.
+    pub async fn collect_all(mut self) -> Result<Vec<Tensor>, CallError> {
+        let mut out = Vec::new();
+        while let Some(t) = self.next().await {
+            out.push(t?);
+        }
+        Ok(out)
+    }
+
+    /// The server's closing reply, once the stream has ended (client side).
+    pub fn reply(&self) -> Option<&v1::Reply> {
+        self.reply.as_ref()
+    }
+
+    /// Tensors and payload bytes read so far.
+    pub fn received(&self) -> (u64, u64) {
+        (self.reader.tensors, self.reader.bytes)
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> &str {
+        &self.reader.peer
+    }
+}
+
+/// Where a server handler writes the tensors it returns.
+pub struct TensorSink<'a> {
+    pub(crate) writer: &'a mut FrameWriter,
+}
+
+impl TensorSink<'_> {
+    /// Sends one tensor to the caller (waits while the caller is slow to read).
+    pub async fn send(&mut self, tensor: Tensor) -> Result<(), Status> {
+        self.writer.send_tensor(&tensor, false).await.map(|_| ()).map_err(Status::from)
+    }
+
+    /// Tensors and payload bytes sent so far.
+    pub fn sent(&self) -> (u64, u64) {
+        (self.writer.tensors_sent, self.writer.bytes_sent)
+    }
+
+    /// The codec tensors are sent with.
+    pub fn codec(&self) -> CodecKind {
+        self.writer.encoding.codec
+    }
+}
+
+/// Codec and compression a request asks for, applied to an encoding.
+pub(crate) fn apply_response_encoding(mut enc: Encoding, req: &v1::Request) -> Encoding {
+    if req.response_codec != 0
+        && let Ok(c) = codec_from_wire(req.response_codec)
+    {
+        enc.codec = c;
+    }
+    if req.response_compression != 0
+        && let Ok(c) = compression_from_wire(req.response_compression)
+    {
+        enc.compression = CompressionMode::Fixed(c);
+        enc.shuffle = req.response_shuffle > 1;
+    }
+    enc
+}

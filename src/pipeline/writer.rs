@@ -1,0 +1,290 @@
+//! `FrameWriter`: encodes, chunks, compresses and sends the tensors of one
+//! stream, holding small frames back so a small call leaves in one write.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tensorwire_codecs::compress::{Compressor, choose_auto};
+use tensorwire_codecs::{CodecKind, Compression, CompressionMode, Device, Tensor};
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tensorwire_transports::{Frame, FrameHeader, SendStream};
+
+use super::chunk::Chunker;
+use super::link::{LinkEstimator, SharedCaps};
+use super::wire::{codec_to_wire, compression_to_wire, info_to_wire};
+use crate::config::{AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES};
+use crate::error::CallError;
+
+/// Sends frames and tensors on one stream.
+pub(crate) struct FrameWriter {
+    send: Box<dyn SendStream>,
+    pub(crate) encoding: Encoding,
+    caps: SharedCaps,
+    max_frame_payload: u64,
+    next_tensor_id: u64,
+    compressor: Compressor,
+    link: Option<Arc<LinkEstimator>>,
+    pub(crate) bytes_sent: u64,
+    pub(crate) tensors_sent: u64,
+    /// Payload bytes are added here as each chunk is handed to the
+    /// transport, which takes no more than the stream's credit window ahead
+    /// of what the peer has read (progress bars).
+    pub(crate) progress: Option<Arc<AtomicU64>>,
+    /// Small frames held back to go out together with the next ones (a
+    /// small call is then one write on each side).
+    pending: Vec<Frame>,
+    pending_bytes: usize,
+}
+
+impl FrameWriter {
+    pub(crate) fn new(
+        send: Box<dyn SendStream>,
+        encoding: Encoding,
+        caps: SharedCaps,
+        max_frame_payload: u64,
+        link: Option<Arc<LinkEstimator>>,
+    ) -> Self {
+        Self {
+            send,
+            encoding,
+            caps,
+            max_frame_payload,
+            next_tensor_id: 1,
+            compressor: Compressor::new(),
+            link,
+            bytes_sent: 0,
+            tensors_sent: 0,
+            progress: None,
+            pending: Vec::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    /// Queues a control frame; it leaves with the next frames sent.
+    pub(crate) fn control(&mut self, kind: Kind) {
+        self.hold(Frame::header_only(FrameHeader::new(kind)));
+    }
+
+    /// Sends a control frame (and anything held) and ends the stream.
+    pub(crate) async fn control_last(&mut self, kind: Kind) -> Result<(), CallError> {
+        self.hold(Frame::header_only(FrameHeader::new(kind)));
+        self.flush(true).await
+    }
+
+    /// Abandons the stream: the peer sees a reset, never a clean end.
+    pub(crate) fn reset(&mut self, code: u32) {
+        self.pending.clear();
+        self.pending_bytes = 0;
+        self.send.reset(code);
+    }
+
+    /// Sends anything held and ends the stream.
+    pub(crate) async fn finish(&mut self) -> Result<(), CallError> {
+        self.flush(true).await
+    }
+
+    fn hold(&mut self, f: Frame) {
+        self.pending_bytes += f.payload.len();
+        self.pending.push(f);
+    }
+
+    /// Sends what is held (and with `fin`, ends the stream).
+    pub(crate) async fn flush(&mut self, fin: bool) -> Result<(), CallError> {
+        let frames = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        if frames.is_empty() {
+            return if fin { Ok(self.send.finish().await?) } else { Ok(()) };
+        }
+        Ok(self.send.send_batch(frames, fin).await?)
+    }
+
+    fn check_codec(&self, codec: CodecKind) -> Result<(), CallError> {
+        if let Some(accepted) = &self.caps.codecs
+            && !accepted.is_empty()
+            && !accepted.contains(&(codec_to_wire(codec) as i32))
+        {
+            return Err(CallError::Unsupported(format!("the peer does not accept the {codec} codec")));
+        }
+        Ok(())
+    }
+
+    fn peer_accepts(&self, c: Compression) -> bool {
+        match &self.caps.compressions {
+            Some(list) if !list.is_empty() => list.contains(&(compression_to_wire(c) as i32)),
+            _ => c.is_available(),
+        }
+    }
+
+    /// Encodes, chunks, compresses and sends one tensor; returns payload
+    /// bytes sent. With `hold_last`, a small final chunk waits to leave with
+    /// whatever is sent next (the caller sends or finishes right after).
+    pub(crate) async fn send_tensor(&mut self, t: &Tensor, hold_last: bool) -> Result<u64, CallError> {
+        if t.device() != Device::Cpu {
+            return Err(CallError::Unsupported(format!(
+                "a tensor on {} must be staged through host memory first (Client::send_gpu, cargo feature cuda)",
+                t.device()
+            )));
+        }
+        let codec_kind = self.encoding.codec;
+        self.check_codec(codec_kind)?;
+        let codec = tensorwire_codecs::codec(codec_kind).map_err(|e| CallError::Unsupported(e.to_string()))?;
+        let encoded = codec.encode(t)?;
+        let total = encoded.len();
+        self.check_peer_limit(total)?;
+        let info = info_to_wire(&encoded.info, codec_kind);
+        let crc =
+            self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
+        let itemsize = t.dtype().itemsize();
+        let (compression, shuffle) = self.choose_compression(&encoded.segments, itemsize);
+        let chunk_size = self.chunk_size();
+        let id = self.next_tensor_id;
+        self.next_tensor_id += 1;
+        let mut chunker = Chunker::new(id, info, encoded, chunk_size);
+        if let Some(crc) = crc {
+            chunker = chunker.with_crc32c(crc);
+        }
+        let started = Instant::now();
+        let mut wire_bytes = 0u64;
+        while let Some((mut c, mut payload)) = chunker.next_chunk() {
+            if compression != Compression::None
+                && payload.len() >= MIN_COMPRESS_BYTES
+                && let Some(z) = self.compressor.compress(compression, shuffle, &payload)?
+            {
+                c.compression = compression_to_wire(compression) as i32;
+                c.shuffle = shuffle;
+                payload = Bytes::from(z);
+            }
+            wire_bytes += payload.len() as u64;
+            let raw_len = c.raw_len;
+            let last = c.last;
+            self.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });
+            if !(last && hold_last) || self.pending_bytes > HOLD_FLUSH_BYTES {
+                self.flush(false).await?;
+            }
+            if let Some(p) = &self.progress {
+                p.fetch_add(raw_len, Ordering::Relaxed);
+            }
+        }
+        if let Some(link) = &self.link {
+            link.record(wire_bytes, started.elapsed().as_secs_f64());
+        }
+        self.bytes_sent += total;
+        self.tensors_sent += 1;
+        Ok(total)
+    }
+
+    /// Fails when a tensor of `total` bytes exceeds the peer's announced limit.
+    fn check_peer_limit(&self, total: u64) -> Result<(), CallError> {
+        match &self.caps.limits {
+            Some(l) if l.max_tensor_bytes > 0 && total > l.max_tensor_bytes => Err(CallError::Limit {
+                what: "tensor (the peer's max_tensor_bytes)",
+                size: total,
+                limit: l.max_tensor_bytes,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Payload bytes per chunk: the configured chunk size, within the
+    /// peer's largest frame (kept a multiple of 64).
+    fn chunk_size(&self) -> usize {
+        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
+        if self.max_frame_payload > 0 {
+            chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
+        }
+        chunk_size.max(1) as usize
+    }
+
+    /// Sends a raw-codec tensor of `total` bytes whose payload arrives in
+    /// pieces (GPU staging buffers): each piece leaves as soon as it
+    /// arrives, so producing piece k+1 overlaps sending piece k.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) async fn send_streamed(
+        &mut self,
+        info: tensorwire_codecs::TensorInfo,
+        total: u64,
+        pieces: &mut tokio::sync::mpsc::Receiver<Result<Bytes, CallError>>,
+    ) -> Result<u64, CallError> {
+        self.check_peer_limit(total)?;
+        let chunk_size = self.chunk_size();
+        let id = self.next_tensor_id;
+        self.next_tensor_id += 1;
+        let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));
+        let (mut offset, mut index) = (0u64, 0u32);
+        let mut emit = |w: &mut Self, payload: Bytes, offset: u64, index: u32| {
+            let last = offset + payload.len() as u64 >= total;
+            let c = v1::Chunk {
+                tensor_id: id,
+                index,
+                offset,
+                total_bytes: total,
+                last,
+                compression: v1::Compression::None as i32,
+                raw_len: payload.len() as u64,
+                info: winfo.take(),
+                ..Default::default()
+            };
+            w.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });
+        };
+        if total == 0 {
+            emit(self, Bytes::new(), 0, 0);
+            self.flush(false).await?;
+        }
+        while offset < total {
+            let mut piece = match pieces.recv().await {
+                Some(p) => p?,
+                None => {
+                    return Err(CallError::InvalidArgument(format!(
+                        "the tensor's source ended after {offset} of {total} bytes"
+                    )));
+                }
+            };
+            if offset + piece.len() as u64 > total {
+                return Err(CallError::InvalidArgument(format!("the tensor's source gave more than {total} bytes")));
+            }
+            while !piece.is_empty() {
+                let part = piece.split_to(piece.len().min(chunk_size));
+                let n = part.len() as u64;
+                emit(self, part, offset, index);
+                self.flush(false).await?;
+                offset += n;
+                index += 1;
+                if let Some(p) = &self.progress {
+                    p.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+        self.bytes_sent += total;
+        self.tensors_sent += 1;
+        Ok(total)
+    }
+
+    fn choose_compression(&mut self, segments: &[Bytes], itemsize: usize) -> (Compression, u32) {
+        match self.encoding.compression {
+            CompressionMode::Fixed(c) => {
+                if c == Compression::None || !self.peer_accepts(c) {
+                    return (Compression::None, 0);
+                }
+                (c, if self.encoding.shuffle && itemsize > 1 { itemsize as u32 } else { 0 })
+            }
+            CompressionMode::Auto => {
+                if segments.iter().map(Bytes::len).sum::<usize>() < AUTO_COMPRESS_MIN_BYTES {
+                    return (Compression::None, 0);
+                }
+                let Some(bw) = self.encoding.link_bandwidth.or_else(|| self.link.as_ref().and_then(|l| l.get())) else {
+                    return (Compression::None, 0);
+                };
+                let Some(sample) = segments.iter().max_by_key(|s| s.len()) else { return (Compression::None, 0) };
+                let sample = &sample[..sample.len().min(AUTO_COMPRESS_SAMPLE_BYTES)];
+                let choice = choose_auto(&mut self.compressor, sample, itemsize, bw);
+                if self.peer_accepts(choice.compression) {
+                    (choice.compression, choice.shuffle)
+                } else {
+                    (Compression::None, 0)
+                }
+            }
+        }
+    }
+}

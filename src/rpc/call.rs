@@ -1,0 +1,180 @@
+//! What one call carries: a function's [`Call`] (inputs, arguments,
+//! context) and [`Output`]; the [`CallContext`] and [`Cancellation`] every
+//! handler gets; a fetch's [`FetchRequest`] and a send's [`SendSummary`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tensorwire_codecs::Tensor;
+use tokio::sync::Notify;
+
+use super::value::{Args, Value};
+
+/// The inputs of one call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Input tensors, in order.
+    pub inputs: Vec<Tensor>,
+    /// Scalar arguments.
+    pub args: Args,
+    /// Who called, deadline, cancellation.
+    pub ctx: CallContext,
+}
+
+/// What a function returns.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// Output tensors.
+    pub tensors: Vec<Tensor>,
+    /// Scalar results (a map, or a single value).
+    pub values: Value,
+}
+
+impl Output {
+    /// Tensors only.
+    pub fn tensors(tensors: Vec<Tensor>) -> Self {
+        Self { tensors, values: Value::None }
+    }
+
+    /// A scalar result only.
+    pub fn value(v: impl Into<Value>) -> Self {
+        Self { tensors: vec![], values: v.into() }
+    }
+}
+
+impl From<Vec<Tensor>> for Output {
+    fn from(tensors: Vec<Tensor>) -> Self {
+        Output::tensors(tensors)
+    }
+}
+
+impl From<Tensor> for Output {
+    fn from(t: Tensor) -> Self {
+        Output::tensors(vec![t])
+    }
+}
+
+/// What the server says after a `send` call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SendSummary {
+    /// Tensors received.
+    pub received: u64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// A message for the caller.
+    pub message: String,
+}
+
+/// Parameters of a `fetch` call (the seed's `TensorRequest.parameters`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// String parameters, e.g. `name` → tensor name.
+    pub params: BTreeMap<String, String>,
+}
+
+impl FetchRequest {
+    /// A request for the tensor named `name`.
+    pub fn name(name: impl Into<String>) -> Self {
+        Self::default().param("name", name)
+    }
+
+    /// Builder form: adds a parameter.
+    pub fn param(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.params.insert(key.into(), value.into());
+        self
+    }
+
+    /// A parameter.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.params.get(key).map(String::as_str)
+    }
+}
+
+/// A cancellation flag a handler can poll or await.
+#[derive(Clone, Debug, Default)]
+pub struct Cancellation {
+    inner: Arc<(AtomicBool, Notify)>,
+}
+
+impl Cancellation {
+    /// Marks cancelled and wakes waiters.
+    pub fn cancel(&self) {
+        self.inner.0.store(true, Ordering::Release);
+        self.inner.1.notify_waiters();
+    }
+
+    /// True once cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.0.load(Ordering::Acquire)
+    }
+
+    /// Resolves once cancelled.
+    pub async fn cancelled(&self) {
+        loop {
+            let n = self.inner.1.notified();
+            let mut n = std::pin::pin!(n);
+            n.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// Facts about a call, for handlers.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    pub(crate) peer: Arc<str>,
+    pub(crate) transport: &'static str,
+    pub(crate) function: String,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) cancel: Cancellation,
+}
+
+impl CallContext {
+    /// A context for calling handlers directly (tests, in-process use).
+    pub fn local() -> Self {
+        Self {
+            peer: Arc::from("local"),
+            transport: "local",
+            function: String::new(),
+            deadline: None,
+            cancel: Cancellation::default(),
+        }
+    }
+
+    /// The caller's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The transport the call came over (`"tcp"`, `"unix"`, `"quic"`, ...).
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    /// The function name (named calls).
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// When the caller stops waiting.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// True once the caller gave up or the deadline passed: long-running
+    /// sync handlers should check this and return early.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled() || self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Resolves when the call is cancelled.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+}
+

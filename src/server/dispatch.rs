@@ -1,0 +1,301 @@
+//! Serving one stream: the handshake, or one call dispatched by its method.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tensorwire_codecs::{Compression, available_codecs};
+use tensorwire_proto::v1::{self, Method, frame_header::Kind};
+use tensorwire_transports::{Incoming, StreamKind};
+
+use crate::error::{Code, Status};
+use crate::rpc::call::Call;
+use crate::server::state::{ServerInner, Session};
+use crate::rpc::call::{CallContext, Cancellation, FetchRequest};
+use crate::pipeline::link::PeerCaps;
+use crate::pipeline::reader::{FrameReader, Item};
+use crate::pipeline::tensors::{TensorSink, TensorStream, apply_response_encoding};
+use crate::pipeline::writer::FrameWriter;
+use crate::rpc::tasks::TaskState;
+use crate::rpc::value::Args;
+use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
+use crate::config::VERSION;
+use crate::pipeline::wire::PROTOCOL_VERSION;
+use crate::util::sync::lock;
+
+pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
+    let _active = inner.begin_call();
+    let Incoming { kind, send, recv } = inc;
+    let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement);
+    let mut writer = FrameWriter::new(
+        send,
+        inner.config.encoding.clone(),
+        sess.caps(),
+        sess.info.max_frame_payload,
+        Some(sess.link.clone()),
+    );
+    let mut input = TensorStream::new(reader, false);
+    let req = match input.reader_mut().next().await {
+        Ok(Item::Control(h)) => match h.kind {
+            Some(Kind::Hello(hello)) => return handshake(&inner, &sess, *hello, &mut writer).await,
+            Some(Kind::Request(r)) => *r,
+            _ => {
+                let msg = format!("a call must start with a request, got a {} frame", h.kind_name());
+                return fail(&mut writer, Status::protocol(msg)).await;
+            }
+        },
+        // gRPC clients may skip the request: the RPC names the method.
+        Ok(Item::Tensor(t)) => match kind.and_then(method_of) {
+            Some(m) => {
+                input.push_front(t);
+                v1::Request { method: m as i32, ..Default::default() }
+            }
+            None => return fail(&mut writer, Status::protocol("a call must start with a request")).await,
+        },
+        Ok(Item::End) => return,
+        Err(e) => return fail(&mut writer, Status::from(e)).await,
+    };
+    if !sess.handshaken.load(Ordering::Acquire) {
+        let s = Status::failed_precondition("handshake required: the first stream of a connection must carry Hello");
+        return fail(&mut writer, s).await;
+    }
+    // Stateless transports (gRPC) bind no calls to a Hello: each call
+    // carries the token itself.
+    if sess.info.stateless
+        && let Some(token) = &inner.config.auth_token
+        && !constant_time_eq(req.auth_token.as_bytes(), token.as_bytes())
+    {
+        return fail(&mut writer, Status::unauthenticated("missing or wrong auth token")).await;
+    }
+    let method = Method::try_from(req.method).unwrap_or(Method::Unspecified);
+    if !inner.serving.load(Ordering::Acquire) && !matches!(method, Method::Health | Method::Info) {
+        return fail(&mut writer, Status::refused("the server is shutting down; the call was not processed")).await;
+    }
+    inner.stats.calls.fetch_add(1, Ordering::Relaxed);
+    let timeout_ms = req.timeout_ms;
+    let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+    let ctx = CallContext {
+        peer: Arc::from(sess.info.peer.as_str()),
+        transport: sess.info.transport,
+        function: req.function.clone(),
+        deadline,
+        cancel: Cancellation::default(),
+    };
+    writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
+    let work = run_method(&inner, method, req, &mut input, &mut writer, &ctx);
+    let result = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.into(), work).await {
+            Ok(r) => r,
+            Err(_) => {
+                // Async work stops here (its future is dropped); sync work
+                // sees ctx.is_cancelled() and should return.
+                ctx.cancel.cancel();
+                Err(Status::deadline_exceeded(format!("the call's deadline of {timeout_ms} ms passed on the server")))
+            }
+        },
+        None => work.await,
+    };
+    // A handler that noticed the deadline and gave up reports it as such.
+    let result = match (result, deadline) {
+        (Err(s), Some(d)) if Instant::now() >= d && s.code != Code::DeadlineExceeded => Err(Status::deadline_exceeded(
+            format!("the call's deadline of {timeout_ms} ms passed on the server ({})", s.message),
+        )),
+        (r, _) => r,
+    };
+    inner.stats.bytes_received.fetch_add(input.received().1, Ordering::Relaxed);
+    inner.stats.bytes_sent.fetch_add(writer.bytes_sent, Ordering::Relaxed);
+    match result {
+        Ok(reply) => {
+            if let Err(e) = writer.control_last(Kind::Reply(Box::new(reply))).await {
+                tracing::debug!(peer = %sess.info.peer, error = %e, "reply not delivered");
+            }
+        }
+        Err(status) => {
+            inner.stats.failures.fetch_add(1, Ordering::Relaxed);
+            fail(&mut writer, status).await
+        }
+    }
+}
+
+fn method_of(kind: StreamKind) -> Option<Method> {
+    match kind {
+        StreamKind::Send => Some(Method::Send),
+        StreamKind::Exchange => Some(Method::Exchange),
+        _ => None,
+    }
+}
+
+async fn fail(writer: &mut FrameWriter, status: Status) {
+    if status.code == Code::Protocol || status.code == Code::Internal {
+        tracing::info!(error = %status, "call failed");
+    }
+    let _ = writer.control_last(Kind::Error(status.to_wire())).await;
+}
+
+async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer: &mut FrameWriter) {
+    if hello.version != PROTOCOL_VERSION {
+        let s = Status::new(
+            Code::UnsupportedVersion,
+            format!(
+                "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                hello.version
+            ),
+        );
+        return fail(writer, s).await;
+    }
+    if let Some(token) = &inner.config.auth_token
+        && !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes())
+    {
+        return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
+    }
+    // A stateless session is shared by every client: one client's
+    // capabilities must not become everyone's.
+    if !sess.info.stateless {
+        *lock(&sess.caps) = std::sync::Arc::new(PeerCaps {
+            limits: hello.limits,
+            codecs: Some(hello.codecs.clone()),
+            compressions: Some(hello.compressions.clone()),
+        });
+        sess.handshaken.store(true, Ordering::Release);
+    }
+    let welcome = v1::Welcome {
+        version: PROTOCOL_VERSION,
+        codecs: available_codecs().into_iter().map(|c| codec_to_wire(c) as i32).collect(),
+        compressions: Compression::available().into_iter().map(|c| compression_to_wire(c) as i32).collect(),
+        chunk_size: inner.config.encoding.effective_chunk_size() as u64,
+        limits: Some(inner.config.limits.to_wire(&inner.config.transport)),
+        agent: format!("tensorwire/{VERSION}"),
+        host_id: crate::util::host::host_id(),
+        service_name: inner.config.service_name.clone(),
+        batched_functions: inner
+            .functions
+            .iter()
+            .filter_map(|f| f.batch_limit().map(|n| (f.name().to_string(), n as u32)))
+            .collect(),
+    };
+    let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn inputs_of(input: &mut TensorStream) -> Result<Vec<tensorwire_codecs::Tensor>, Status> {
+    let mut v = Vec::new();
+    while let Some(t) = input.next().await {
+        v.push(t.map_err(Status::from)?);
+    }
+    Ok(v)
+}
+
+fn task_status(id: &str, s: &TaskState) -> v1::TaskStatus {
+    use v1::TaskState as W;
+    let (state, message) = match s {
+        TaskState::Pending => (W::Pending, String::new()),
+        TaskState::Running => (W::Running, String::new()),
+        TaskState::Done => (W::Done, String::new()),
+        TaskState::Failed(m) => (W::Failed, m.clone()),
+        TaskState::Cancelled => (W::Cancelled, String::new()),
+    };
+    v1::TaskStatus { task_id: id.to_string(), state: state as i32, message }
+}
+
+async fn run_method(
+    inner: &Arc<ServerInner>,
+    method: Method,
+    req: v1::Request,
+    input: &mut TensorStream,
+    writer: &mut FrameWriter,
+    ctx: &CallContext,
+) -> Result<v1::Reply, Status> {
+    match method {
+        Method::Send => {
+            let s = inner.service.send(ctx, input).await?;
+            Ok(v1::Reply {
+                received_count: s.received,
+                received_bytes: s.bytes,
+                message: s.message,
+                ..Default::default()
+            })
+        }
+        Method::Fetch => {
+            let request = FetchRequest { params: req.params.into_iter().collect() };
+            let mut sink = TensorSink { writer };
+            inner.service.fetch(ctx, &request, &mut sink).await?;
+            let (n, _) = sink.sent();
+            Ok(v1::Reply { message: format!("sent {n} tensors"), ..Default::default() })
+        }
+        Method::Exchange => {
+            let mut sink = TensorSink { writer };
+            inner.service.exchange(ctx, input, &mut sink).await?;
+            let (n, _) = sink.sent();
+            let (r, _) = input.received();
+            Ok(v1::Reply {
+                received_count: r,
+                message: format!("received {r}, sent {n} tensors"),
+                ..Default::default()
+            })
+        }
+        Method::Call | Method::Submit => {
+            let inputs = inputs_of(input).await?;
+            let f = inner.functions.get(&req.function)?.clone();
+            let stacked = req.examples as usize;
+            if stacked > 0 {
+                if inputs.iter().any(|t| t.shape().first() != Some(&stacked)) {
+                    return Err(Status::invalid_argument(format!(
+                        "{stacked} stacked examples need a leading dimension of {stacked}"
+                    )));
+                }
+                f.check_stacked(&inputs)?;
+            } else {
+                f.check(&inputs)?;
+            }
+            let args = Args::from_wire(req.args.as_ref()).map_err(Status::invalid_argument)?;
+            let call = Call { inputs, args, ctx: ctx.clone() };
+            if method == Method::Submit {
+                let id = inner.tasks.submit(f, call)?;
+                return Ok(v1::Reply { task: Some(task_status(&id, &TaskState::Pending)), ..Default::default() });
+            }
+            let started = Instant::now();
+            let out = if stacked > 0 { f.run_stacked(call, stacked).await? } else { f.run(call).await? };
+            let server_time_us = started.elapsed().as_micros() as u64;
+            for t in &out.tensors {
+                writer.send_tensor(t, true).await.map_err(Status::from)?;
+            }
+            Ok(v1::Reply { values: Some(out.values.to_wire()), server_time_us, ..Default::default() })
+        }
+        Method::TaskStatus => {
+            let s = inner.tasks.status(&req.task_id)?;
+            Ok(v1::Reply { task: Some(task_status(&req.task_id, &s)), ..Default::default() })
+        }
+        Method::TaskResult => {
+            let out = inner.tasks.result(&req.task_id, Duration::from_millis(req.wait_ms)).await?;
+            for t in &out.tensors {
+                writer.send_tensor(t, true).await.map_err(Status::from)?;
+            }
+            Ok(v1::Reply {
+                values: Some(out.values.to_wire()),
+                task: Some(task_status(&req.task_id, &TaskState::Done)),
+                ..Default::default()
+            })
+        }
+        Method::TaskCancel => {
+            let s = inner.tasks.cancel(&req.task_id)?;
+            Ok(v1::Reply { task: Some(task_status(&req.task_id, &s)), ..Default::default() })
+        }
+        Method::ListFunctions => Ok(v1::Reply {
+            functions: Some(v1::FunctionList { functions: inner.functions.iter().map(|f| f.info()).collect() }),
+            ..Default::default()
+        }),
+        Method::Info => Ok(v1::Reply { info: Some(inner.info().to_wire()), ..Default::default() }),
+        Method::Health => {
+            let h = if inner.serving.load(Ordering::Acquire) {
+                v1::HealthState::Serving
+            } else {
+                v1::HealthState::NotServing
+            };
+            Ok(v1::Reply { health: h as i32, ..Default::default() })
+        }
+        Method::Unspecified => Err(Status::invalid_argument(format!("unknown method {}", req.method))),
+    }
+}

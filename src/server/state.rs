@@ -1,0 +1,103 @@
+//! What every connection and call of one server shares: the configuration,
+//! the service and functions, tasks, statistics, the connections, and the
+//! per-connection [`Session`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tensorwire_transports::{Connection, ConnectionInfo};
+use tokio::sync::Notify;
+
+use super::service::TensorService;
+use crate::config::{ServerConfig, VERSION};
+use crate::observe::info::{FunctionStatistics, ServiceInfo};
+use crate::observe::stats::ServerStats;
+use crate::pipeline::link::{LinkEstimator, SharedCaps};
+use crate::rpc::call::Cancellation;
+use crate::rpc::function::Registry;
+use crate::rpc::tasks::TaskManager;
+use crate::util::host::devices;
+use crate::util::sync::lock;
+
+/// The state of one server.
+pub(crate) struct ServerInner {
+    pub(crate) config: ServerConfig,
+    pub(crate) service: Arc<dyn TensorService>,
+    pub(crate) functions: Registry,
+    pub(crate) tasks: TaskManager,
+    pub(crate) stats: ServerStats,
+    pub(crate) started: Instant,
+    pub(crate) serving: AtomicBool,
+    pub(crate) shutdown: Cancellation,
+    pub(crate) idle: Notify,
+    pub(crate) conns: Mutex<HashMap<u64, Arc<dyn Connection>>>,
+    pub(crate) next_conn: AtomicU64,
+    pub(crate) transports: Mutex<Vec<String>>,
+}
+
+impl ServerInner {
+    pub(crate) fn info(&self) -> ServiceInfo {
+        use tensorwire_codecs::{Compression, available_codecs};
+        ServiceInfo {
+            service_name: self.config.service_name.clone(),
+            version: VERSION.to_string(),
+            transports: lock(&self.transports).clone(),
+            codecs: available_codecs().iter().map(|c| c.name().to_string()).collect(),
+            compressions: Compression::available().iter().map(|c| c.name().to_string()).collect(),
+            devices: devices(),
+            uptime: self.started.elapsed(),
+            calls: self.stats.calls.load(Ordering::Relaxed),
+            failures: self.stats.failures.load(Ordering::Relaxed),
+            bytes_received: self.stats.bytes_received.load(Ordering::Relaxed),
+            bytes_sent: self.stats.bytes_sent.load(Ordering::Relaxed),
+            active_calls: self.stats.active.load(Ordering::Relaxed),
+            functions: self
+                .functions
+                .iter()
+                .map(|f| {
+                    let c = f.stats.counters();
+                    FunctionStatistics {
+                        name: f.name.clone(),
+                        calls: c.calls.load(Ordering::Relaxed),
+                        failures: c.failures.load(Ordering::Relaxed),
+                        batches: c.batches.load(Ordering::Relaxed),
+                        total_time: Duration::from_micros(c.total_us.load(Ordering::Relaxed)),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Counts a call as active until the guard drops.
+    pub(crate) fn begin_call(self: &Arc<Self>) -> ActiveCall {
+        self.stats.active.fetch_add(1, Ordering::AcqRel);
+        ActiveCall(self.clone())
+    }
+}
+
+pub(crate) struct ActiveCall(Arc<ServerInner>);
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        if self.0.stats.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Per-connection state shared by its streams.
+pub(crate) struct Session {
+    pub(crate) info: ConnectionInfo,
+    pub(crate) handshaken: AtomicBool,
+    pub(crate) caps: Mutex<SharedCaps>,
+    pub(crate) link: Arc<LinkEstimator>,
+}
+
+impl Session {
+    pub(crate) fn caps(&self) -> SharedCaps {
+        lock(&self.caps).clone()
+    }
+}
+
