@@ -20,7 +20,9 @@ pub struct TransportConfig {
     pub max_header_bytes: u32,
     /// Most streams the peer may have open at once (default 1024).
     pub max_concurrent_streams: u32,
-    /// Give up connecting after this long (default 10 s).
+    /// Give up connecting after this long (default 10 s). Servers give an
+    /// accepted socket as long for its handshake (the mux preface, gRPC's
+    /// TLS handshake).
     pub connect_timeout: Duration,
     /// Send keep-alive probes this often on an idle connection (default 15 s;
     /// None: off).

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
 
+#[cfg(feature = "shm")]
+use crate::AcceptError;
 use crate::listener::establish_error;
 #[cfg(not(feature = "shm"))]
 use crate::listener::handshake_in_background;
 use crate::listener::{AcceptTx, QueueListener, RawAccept};
 use crate::mux::{self, Role, SocketInfo};
-use crate::{AcceptError, ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
+use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
 
 fn abstract_name(path: &Path) -> Option<&[u8]> {
     path.to_str()?.strip_prefix('@').map(str::as_bytes)

@@ -2,7 +2,7 @@
 //! `tensorwire.v1.TensorService`, its frames the call's messages.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use tensorwire_proto::v1;
@@ -14,6 +14,16 @@ use crate::{Frame, Payload, Received, RecvStream, SendStream, StreamError};
 /// Frames queued per direction of a call before the sender waits (on top of
 /// HTTP/2's flow-control windows, which bound what is in flight).
 pub(crate) const QUEUE: usize = 4;
+
+/// A stream's two halves, as [`Connection::open`](crate::Connection::open) returns them.
+pub(crate) type Halves = (Box<dyn SendStream>, Box<dyn RecvStream>);
+
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+/// Stream ids for messages (gRPC calls have no number of their own).
+pub(crate) fn next_id() -> u64 {
+    NEXT_STREAM.fetch_add(1, Ordering::Relaxed)
+}
 
 pub(crate) fn to_wire(frame: Frame) -> v1::Frame {
     v1::Frame { header: Some(frame.header), payload: frame.payload }

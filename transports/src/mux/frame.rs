@@ -1,6 +1,7 @@
-//! Mux framing, sans-IO: the preface and the 16-byte frame head, plus a
-//! buffer decoder used by tests and fuzzing (the socket driver reads the
-//! same heads but places large payloads itself).
+//! Mux framing, sans-IO: the preface, the 16-byte frame head and the
+//! incremental [`Decoder`] that the socket driver, the tests and the fuzz
+//! target all run (the driver reads large payloads past the buffer, which
+//! the decoder's two-step API allows).
 //!
 //! ```text
 //! preface (each side, once):  "TWMX" | u16 version | u16 flags=0 | u32 stream_window | u32 max_frame_payload
@@ -221,7 +222,17 @@ pub struct Limits {
     pub max_payload: u32,
 }
 
-/// A whole frame from [`Decoder`].
+/// A frame's head and meta, from [`Decoder::decode_head`]; its payload
+/// ([`Head::payload_len`] bytes) follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameStart {
+    /// The head.
+    pub head: Head,
+    /// The meta bytes.
+    pub meta: Bytes,
+}
+
+/// A whole frame from [`Decoder::decode`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawFrame {
     /// The head.
@@ -232,43 +243,139 @@ pub struct RawFrame {
     pub payload: Bytes,
 }
 
-/// Incremental decoder: feed bytes in any split, take frames out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Waiting for a head.
+    Head,
+    /// Head decoded, waiting for its meta.
+    Meta(Head),
+    /// Head and meta handed out; this many payload bytes still follow.
+    Payload(usize),
+}
+
+/// Incremental decoder, sans-IO (the tokio-util `Decoder` pattern): the
+/// caller appends bytes from its source to a buffer and asks for frames.
+///
+/// The socket driver (`mux::reader`) and the tests and fuzz target run
+/// this same code. It works in two steps so large payloads need not pass
+/// through the buffer:
+///
+/// 1. [`decode_head`](Self::decode_head) checks the head against the
+///    [`Limits`] (before anything is allocated) and returns it with its
+///    meta;
+/// 2. the payload ([`payload_remaining`](Self::payload_remaining) bytes)
+///    is then taken from the buffer with
+///    [`take_payload`](Self::take_payload), or read by the caller straight
+///    into its destination and accounted with
+///    [`payload_read`](Self::payload_read). Payload bytes not taken are
+///    skipped by the next `decode_head`.
+///
+/// [`decode`](Self::decode) does both steps for callers that want whole
+/// frames.
 #[derive(Debug)]
 pub struct Decoder {
     limits: Limits,
-    head: Option<Head>,
+    state: State,
+    /// The frame [`decode`](Self::decode) is collecting the payload of.
+    pending: Option<FrameStart>,
 }
 
 impl Decoder {
     /// A decoder enforcing `limits`.
     pub fn new(limits: Limits) -> Self {
-        Self { limits, head: None }
+        Self { limits, state: State::Head, pending: None }
+    }
+
+    /// Takes the next frame's head and meta from the front of `buf`, first
+    /// skipping what is left of the previous frame's payload. None: more
+    /// bytes are needed (room for the meta is reserved in `buf`). Errors
+    /// are final.
+    pub fn decode_head(&mut self, buf: &mut BytesMut) -> Result<Option<FrameStart>, FrameError> {
+        loop {
+            match self.state {
+                State::Payload(left) => {
+                    let k = left.min(buf.len());
+                    buf.advance(k);
+                    self.state = if k == left { State::Head } else { State::Payload(left - k) };
+                    if k < left {
+                        return Ok(None);
+                    }
+                }
+                State::Head => {
+                    let Some(b) = buf.first_chunk::<HEAD_LEN>() else { return Ok(None) };
+                    let head = Head::decode(b, &self.limits)?;
+                    buf.advance(HEAD_LEN);
+                    self.state = State::Meta(head);
+                }
+                State::Meta(head) => {
+                    let meta_len = head.meta_len as usize;
+                    if buf.len() < meta_len {
+                        buf.reserve(meta_len - buf.len());
+                        return Ok(None);
+                    }
+                    let meta = buf.split_to(meta_len).freeze();
+                    let payload = head.payload_len() as usize;
+                    self.state = if payload > 0 { State::Payload(payload) } else { State::Head };
+                    return Ok(Some(FrameStart { head, meta }));
+                }
+            }
+        }
+    }
+
+    /// Payload bytes of the current frame not yet taken or read.
+    pub fn payload_remaining(&self) -> usize {
+        match self.state {
+            State::Payload(left) => left,
+            _ => 0,
+        }
+    }
+
+    /// True between frames: no head, meta or payload is partly decoded (a
+    /// clean place for the source to end).
+    pub fn at_frame_boundary(&self) -> bool {
+        self.state == State::Head && self.pending.is_none()
+    }
+
+    /// Takes as much of the current payload as `buf` holds (without
+    /// copying: it is split off `buf`).
+    pub fn take_payload(&mut self, buf: &mut BytesMut) -> Bytes {
+        let k = self.payload_remaining().min(buf.len());
+        self.payload_read(k);
+        buf.split_to(k).freeze()
+    }
+
+    /// Accounts for `n` payload bytes the caller read from its source
+    /// itself, past the buffer.
+    ///
+    /// # Panics
+    /// If `n` is more than [`payload_remaining`](Self::payload_remaining).
+    pub fn payload_read(&mut self, n: usize) {
+        let left = self.payload_remaining();
+        assert!(n <= left, "{n} payload bytes read with {left} left in the frame");
+        if n > 0 {
+            self.state = if n == left { State::Head } else { State::Payload(left - n) };
+        }
     }
 
     /// Takes the next complete frame from the front of `buf`, or returns
-    /// None when more bytes are needed. Errors are final.
+    /// None when more bytes are needed: [`decode_head`](Self::decode_head)
+    /// then [`take_payload`](Self::take_payload) once the whole payload is
+    /// buffered. Errors are final. Do not mix with the two-step calls
+    /// within a frame.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<RawFrame>, FrameError> {
-        let head = match self.head {
-            Some(h) => h,
-            None => {
-                if buf.len() < HEAD_LEN {
-                    return Ok(None);
-                }
-                let b: [u8; HEAD_LEN] = buf[..HEAD_LEN].try_into().expect("length checked");
-                let h = Head::decode(&b, &self.limits)?;
-                buf.advance(HEAD_LEN);
-                self.head = Some(h);
-                h
+        if self.pending.is_none() {
+            match self.decode_head(buf)? {
+                Some(start) => self.pending = Some(start),
+                None => return Ok(None),
             }
-        };
-        let need = head.meta_len as usize + head.payload_len() as usize;
+        }
+        let need = self.payload_remaining();
         if buf.len() < need {
             buf.reserve(need - buf.len());
             return Ok(None);
         }
-        self.head = None;
-        let meta = buf.split_to(head.meta_len as usize).freeze();
-        let payload = buf.split_to(head.payload_len() as usize).freeze();
+        let FrameStart { head, meta } = self.pending.take().expect("set above");
+        let payload = self.take_payload(buf);
         Ok(Some(RawFrame { head, meta, payload }))
     }
 }
@@ -337,6 +444,88 @@ mod tests {
         assert_eq!(n, frames().len());
     }
 
+    /// What the socket driver does: heads from the buffer, payloads partly
+    /// from the buffer and the rest read "from the socket" past it, or
+    /// skipped. `how` picks, per frame, take (0), read past the buffer (1)
+    /// or skip (2).
+    fn drive(wire: &[u8], chunk: usize, how: &[u8]) -> Vec<(Head, Vec<u8>, Option<Vec<u8>>)> {
+        let mut dec = Decoder::new(LIMITS);
+        let mut buf = BytesMut::new();
+        let mut src = wire;
+        let mut got = vec![];
+        let feed = |buf: &mut BytesMut, src: &mut &[u8]| {
+            let k = chunk.min(src.len());
+            buf.extend_from_slice(&src[..k]);
+            *src = &src[k..];
+            k > 0
+        };
+        loop {
+            let start = loop {
+                match dec.decode_head(&mut buf).unwrap() {
+                    Some(s) => break Some(s),
+                    None if !feed(&mut buf, &mut src) => break None,
+                    None => {}
+                }
+            };
+            let Some(FrameStart { head, meta }) = start else { break };
+            let payload = match how.get(got.len()).copied().unwrap_or(0) % 3 {
+                0 => {
+                    let mut p = vec![];
+                    while dec.payload_remaining() > 0 {
+                        if buf.is_empty() {
+                            assert!(feed(&mut buf, &mut src));
+                        }
+                        p.extend_from_slice(&dec.take_payload(&mut buf));
+                    }
+                    Some(p)
+                }
+                1 => {
+                    let mut p = dec.take_payload(&mut buf).to_vec();
+                    let rest = dec.payload_remaining();
+                    p.extend_from_slice(&src[..rest]);
+                    src = &src[rest..];
+                    dec.payload_read(rest);
+                    Some(p)
+                }
+                _ => None,
+            };
+            got.push((head, meta.to_vec(), payload));
+        }
+        assert!(dec.at_frame_boundary() && buf.is_empty() && src.is_empty());
+        got
+    }
+
+    #[test]
+    fn payloads_taken_read_past_the_buffer_or_skipped() {
+        let mut wire = BytesMut::new();
+        for (h, m, p) in frames() {
+            encode_frame(&h, &m, &p, &mut wire);
+        }
+        for chunk in [1, 7, 16, 17, 1000, 1 << 20] {
+            for how in [[0u8; 5], [1; 5], [2; 5], [0, 1, 2, 0, 1], [2, 2, 1, 0, 2]] {
+                let got = drive(&wire, chunk, &how);
+                assert_eq!(got.len(), frames().len());
+                for (i, ((h, m, p), (eh, em, ep))) in got.into_iter().zip(frames()).enumerate() {
+                    assert_eq!((h, m), (eh, em), "chunk {chunk} how {how:?}");
+                    if how[i] % 3 != 2 {
+                        assert_eq!(p.unwrap(), ep, "chunk {chunk} how {how:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "payload bytes read")]
+    fn reading_past_the_payload_is_a_caller_bug() {
+        let mut dec = Decoder::new(LIMITS);
+        let mut buf = BytesMut::new();
+        encode_frame(&Head { stream: 1, kind: Kind::Data, flags: 0, meta_len: 1, value: 4 }, &[1], &[0; 4], &mut buf);
+        buf.truncate(HEAD_LEN + 1);
+        dec.decode_head(&mut buf).unwrap().unwrap();
+        dec.payload_read(5);
+    }
+
     #[test]
     fn limits_are_checked_before_allocation() {
         let mut buf = BytesMut::new();
@@ -379,10 +568,35 @@ mod tests {
         }
 
         #[test]
+        fn every_way_of_reading_gives_the_same_frames(chunk in 1usize..300, how in proptest::collection::vec(0u8..3, 5)) {
+            let mut wire = BytesMut::new();
+            for (h, m, p) in frames() {
+                encode_frame(&h, &m, &p, &mut wire);
+            }
+            let got = drive(&wire, chunk, &how);
+            prop_assert_eq!(got.len(), frames().len());
+            for (i, ((h, m, p), (eh, em, ep))) in got.into_iter().zip(frames()).enumerate() {
+                prop_assert_eq!((h, m), (eh, em));
+                if how[i] != 2 {
+                    prop_assert_eq!(p.unwrap(), ep);
+                }
+            }
+        }
+
+        #[test]
         fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut dec = Decoder::new(LIMITS);
             let mut buf = BytesMut::from(&data[..]);
             while let Ok(Some(_)) = dec.decode(&mut buf) {}
+            // And the two-step calls the socket driver makes, taking half of each payload.
+            let mut dec = Decoder::new(LIMITS);
+            let mut buf = BytesMut::from(&data[..]);
+            while let Ok(Some(_)) = dec.decode_head(&mut buf) {
+                let half = dec.payload_remaining().min(buf.len()) / 2;
+                buf.advance(half);
+                dec.payload_read(half);
+                dec.take_payload(&mut buf);
+            }
         }
     }
 }

@@ -1,18 +1,39 @@
 //! The stream multiplexer used by byte-stream transports (TCP, Unix, shm).
 //!
-//! * [`frame`]: the wire format (preface, 16-byte frame heads), sans-IO.
-//! * [`flow`]: per-stream credit windows, sans-IO.
-//! * [`conn`]: the tokio driver (reader and writer tasks, stream handles).
-//!
 //! Each logical stream gets a window of credit; a stream blocked on credit
 //! blocks nobody else, so a slow consumer of one call never stalls the other
 //! calls on the connection.
+//!
+//! Sans-IO (no tokio, no sockets; tested on their own, the way quinn-proto
+//! sits under quinn):
+//! * [`frame`]: the wire format (preface, 16-byte frame heads) and the
+//!   incremental [`Decoder`](frame::Decoder) the reader and the fuzz target run.
+//! * [`flow`]: per-stream credit windows.
+//! * [`state`]: the stream state machine: ids, half-closes,
+//!   RESET/STOP/GOAWAY, credit.
+//!
+//! Thin tokio drivers over them:
+//! * `shared`: what the tasks and handles of a connection share.
+//! * `reader`: the reader task (socket -> decoder -> state -> streams).
+//! * `writer`: the writer task and direct writes ([`MuxWrite`]).
+//! * `handles`: the [`SendStream`](crate::SendStream) and
+//!   [`RecvStream`](crate::RecvStream) of a stream.
+//! * [`conn`]: the handshake and [`MuxConnection`].
+//!
+//! Imports go one way: sans-IO files import only each other (and
+//! `crate::` error types), drivers import sans-IO files and the drivers
+//! listed before them (`writer` < `shared` < `handles` < `reader` < `conn`).
+//! This file only declares and re-exports.
 
 pub mod conn;
 pub mod flow;
 pub mod frame;
+mod handles;
 mod reader;
+mod shared;
+pub mod state;
 mod writer;
 
-pub use conn::{EstablishError, MuxConnection, Role, SocketInfo, establish};
+pub use conn::{EstablishError, MuxConnection, SocketInfo, establish};
+pub use state::Role;
 pub use writer::MuxWrite;

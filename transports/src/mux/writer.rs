@@ -16,18 +16,19 @@
 //! writes a batch) or a direct writer (for one syscall) holds, and a count of
 //! queued frames tells direct writers when they would jump the queue.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, MutexGuard};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::conn::{Shared, lock};
-use super::frame::{FLAG_FIN, Head, Kind};
-use crate::{FrameHeader, StreamError};
+use super::frame::{FLAG_FIN, HEAD_LEN, Head, Kind};
+use crate::FrameHeader;
 
 /// Payloads up to this size are copied into the scratch buffer, so a batch
 /// of small frames is one contiguous write.
@@ -92,9 +93,9 @@ impl Out {
     fn direct_size(&self) -> Option<usize> {
         match self {
             Out::Data { header, payload, .. } if payload.len() <= INLINE_PAYLOAD => {
-                Some(16 + header.as_ref().map_or(0, Message::encoded_len) + payload.len())
+                Some(HEAD_LEN + header.as_ref().map_or(0, Message::encoded_len) + payload.len())
             }
-            Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) => Some(16),
+            Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) => Some(HEAD_LEN),
             _ => None,
         }
     }
@@ -158,6 +159,11 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        // Nothing panics while holding the slot; ignore poison like the other mux locks.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn new(io: Box<dyn MuxWrite>) -> (Self, mpsc::UnboundedReceiver<Out>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let slot = Slot { io: Some(io), leftover: BytesMut::new(), scratch: BytesMut::with_capacity(DIRECT_MAX) };
@@ -210,9 +216,15 @@ impl Writer {
     }
 }
 
-/// The writer task: drains the queue in batches until the connection closes.
-pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Out>) {
-    let w = &shared.writer;
+/// The writer task: drains the queue in batches until `closed` completes
+/// (or a GOAWAY is written), then shuts the socket down. Err: the socket
+/// failed (the caller fails the connection).
+pub(crate) async fn run(
+    w: &Writer,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    closed: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let mut closed = pin!(closed);
     let mut scratch = BytesMut::with_capacity(64 << 10);
     let mut batch: Vec<Out> = Vec::with_capacity(64);
     // Ranges of `scratch` interleaved with borrowed payloads, in write order.
@@ -224,7 +236,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Out
         let first = tokio::select! {
             biased;
             o = rx.recv() => o,
-            _ = shared.wait_closed() => None,
+            _ = &mut closed => None,
         };
         match first {
             Some(o) => batch.push(o),
@@ -242,8 +254,8 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Out
         let n_items = batch.len();
         // Take the socket (and whatever a direct write left over) for this batch.
         let (mut io, leftover) = {
-            let mut slot = lock(&w.slot);
-            let Some(io) = slot.io.take() else { return };
+            let mut slot = w.slot();
+            let Some(io) = slot.io.take() else { return Ok(()) };
             (io, std::mem::take(&mut slot.leftover))
         };
         scratch.clear();
@@ -274,19 +286,17 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Out
         drop(slices);
         parts.clear();
         {
-            let mut slot = lock(&w.slot);
+            let mut slot = w.slot();
             slot.io = Some(io);
             w.queued.fetch_sub(n_items, Ordering::AcqRel);
         }
-        if let Err(e) = result {
-            shared.fail(StreamError::io(&shared.peer, &e));
-            return;
-        }
+        result?;
     }
-    let io = lock(&w.slot).io.take();
+    let io = w.slot().io.take();
     if let Some(mut io) = io {
         let _ = io.shutdown().await;
     }
+    Ok(())
 }
 
 async fn write_all_vectored<W: AsyncWrite + Unpin + ?Sized>(

@@ -224,7 +224,7 @@ impl Group {
             }
             tokio::select! {
                 _ = &mut notified => {}
-                e = conn.closed() => return Err(super::conn_error(peer, &e)),
+                e = conn.closed() => return Err(super::errors::conn_error(peer, &e)),
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(StreamError::Protocol {
                         peer: peer.to_string(),

@@ -21,7 +21,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use quinn::VarInt;
 
-use super::conn_error;
+use super::errors::conn_error;
 use super::group::{Group, STRIPE_MIN_PAYLOAD};
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,

@@ -31,6 +31,11 @@
 //! `shm://name` listens on the abstract Unix socket `@tensorwire-shm-name`
 //! (no file; Linux only). The server side of `unix://` accepts clients that
 //! offer shared memory and clients that do not.
+//!
+//! Files: this file holds the transport (connect, listen, the connection
+//! and its streams over the mux); `segment` holds the memfd segments, their
+//! mappings and the side channel. `segment` imports nothing from this file
+//! (only `crate::` types), so the dependency goes one way.
 
 pub(crate) mod segment;
 

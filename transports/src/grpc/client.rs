@@ -1,0 +1,312 @@
+//! The client side: [`GrpcChannel`] (one HTTP/2 connection, usable by any
+//! tonic client) and the [`Connection`] whose streams are calls on it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body::Body as HttpBody;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tensorwire_proto::v1;
+use tensorwire_proto::v1::tensor_service_client::TensorServiceClient;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Request;
+use tonic::codegen::http::{self, Uri};
+
+use super::settings::{H2, message_limit, transport_name, tune_tcp};
+use super::streams::{GrpcRecv, Halves, QUEUE, RequestSend, ResetFlag, Source, next_id};
+use crate::{
+    ConnectError, Connection, ConnectionInfo, Endpoint, Incoming, Scheme, StreamError, StreamKind, TransportConfig, tls,
+};
+
+/// One HTTP/2 connection to a gRPC server, usable by any tonic client
+/// (`SomeClient::with_origin(channel.clone(), channel.origin().clone())`).
+/// Cloning shares the connection.
+#[derive(Clone)]
+pub struct GrpcChannel {
+    send: SendRequest<RequestBody>,
+    origin: Uri,
+    peer: Arc<str>,
+    closed: watch::Receiver<bool>,
+    driver: Arc<AbortOnDrop>,
+}
+
+impl std::fmt::Debug for GrpcChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcChannel").field("origin", &self.origin).field("peer", &self.peer).finish()
+    }
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl GrpcChannel {
+    /// The URI prefix of every call (`http://host:port` or `https://…`).
+    pub fn origin(&self) -> &Uri {
+        &self.origin
+    }
+
+    /// The server's address, for messages.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// True once the HTTP/2 connection is gone.
+    pub fn is_closed(&self) -> bool {
+        *self.closed.borrow() || self.send.is_closed()
+    }
+
+    /// Resolves when the HTTP/2 connection ends.
+    pub async fn closed(&self) {
+        let mut rx = self.closed.clone();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// Closes the connection at once (calls in flight fail).
+    pub fn close(&self) {
+        self.driver.0.abort();
+    }
+}
+
+/// Request bodies: tonic's, ended with an error when the call was reset.
+pub struct RequestBody {
+    inner: tonic::body::Body,
+    reset: Option<ResetFlag>,
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let aborted = || Box::<dyn std::error::Error + Send + Sync>::from("the call was reset by the client");
+        if self.reset.as_ref().is_some_and(ResetFlag::is_set) {
+            return Poll::Ready(Some(Err(aborted())));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(None) if self.reset.as_ref().is_some_and(ResetFlag::is_set) => {
+                Poll::Ready(Some(Err(aborted())))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            other => other.map(|o| o.map(|r| r.map_err(|e| Box::new(e) as Self::Error))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for GrpcChannel {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        let reset = parts.extensions.remove::<ResetFlag>();
+        let fut = self.send.send_request(http::Request::from_parts(parts, RequestBody { inner: body, reset }));
+        Box::pin(fut)
+    }
+}
+
+fn io_error(ep: &Endpoint) -> impl Fn(std::io::Error) -> ConnectError + '_ {
+    move |source| ConnectError::Io { endpoint: ep.to_string(), source }
+}
+
+/// Opens an HTTP/2 connection to a `grpc://`, `grpcs://` or `grpc+unix://`
+/// endpoint with the configured windows, frame size and TLS.
+pub async fn channel(ep: &Endpoint, config: &TransportConfig) -> Result<GrpcChannel, ConnectError> {
+    match ep.scheme() {
+        Scheme::Grpc => {
+            let s = TcpStream::connect(ep.authority()).await.map_err(io_error(ep))?;
+            tune_tcp(&s, config);
+            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| ep.authority());
+            let origin = format!("http://{}", ep.authority());
+            handshake(s, origin, peer, ep, config).await
+        }
+        Scheme::Grpcs => {
+            let tls_cfg = tls::client_tls_for(&config.tls, ep);
+            let cfg_err = |reason: String| ConnectError::Config { endpoint: ep.to_string(), reason };
+            let rustls_cfg = tls::client_config(&tls_cfg, &[H2]).map_err(cfg_err)?;
+            let name = tls::server_name(&tls_cfg, ep).map_err(cfg_err)?;
+            let s = TcpStream::connect(ep.authority()).await.map_err(io_error(ep))?;
+            tune_tcp(&s, config);
+            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| ep.authority());
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(rustls_cfg));
+            let tls = connector.connect(name, s).await.map_err(|e| {
+                let reason = e.to_string();
+                ConnectError::Tls { endpoint: ep.to_string(), reason: format!("{reason}{}", tls::hint(&reason)) }
+            })?;
+            if tls.get_ref().1.alpn_protocol() != Some(H2) {
+                return Err(ConnectError::Protocol {
+                    endpoint: ep.to_string(),
+                    reason: "the server did not agree to HTTP/2 (ALPN h2)".into(),
+                });
+            }
+            let origin = format!("https://{}", ep.authority());
+            handshake(tls, origin, peer, ep, config).await
+        }
+        Scheme::GrpcUnix => {
+            let s = crate::unix::connect_socket(ep.path()).await.map_err(io_error(ep))?;
+            let peer = ep.path().display().to_string();
+            handshake(s, "http://localhost".to_string(), peer, ep, config).await
+        }
+        other => Err(ConnectError::NotEnabled { scheme: other, feature: "grpc" }),
+    }
+}
+
+async fn handshake<IO>(
+    io: IO,
+    origin: String,
+    peer: String,
+    ep: &Endpoint,
+    config: &TransportConfig,
+) -> Result<GrpcChannel, ConnectError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let g = &config.grpc;
+    let mut b = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new());
+    b.initial_stream_window_size(g.stream_window)
+        .initial_connection_window_size(g.connection_window)
+        .max_frame_size(g.max_frame_size)
+        .adaptive_window(false)
+        .max_send_buf_size(g.max_frame_size as usize * 4)
+        .keep_alive_interval(config.keepalive_interval)
+        .keep_alive_while_idle(true);
+    let (send, conn) = b.handshake(TokioIo::new(io)).await.map_err(|e| ConnectError::Protocol {
+        endpoint: ep.to_string(),
+        reason: format!("HTTP/2 handshake failed: {e}"),
+    })?;
+    let (closed_tx, closed) = watch::channel(false);
+    let peer_log = peer.clone();
+    let driver = tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(peer = %peer_log, error = %e, "gRPC connection ended");
+        }
+        let _ = closed_tx.send(true);
+    });
+    let origin = origin
+        .parse::<Uri>()
+        .map_err(|e| ConnectError::Config { endpoint: ep.to_string(), reason: format!("bad origin {origin}: {e}") })?;
+    Ok(GrpcChannel { send, origin, peer: peer.into(), closed, driver: Arc::new(AbortOnDrop(driver)) })
+}
+
+/// Connects to a gRPC endpoint: one HTTP/2 connection, one call per stream.
+pub async fn connect(ep: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
+    let chan = channel(ep, config).await?;
+    let limit = message_limit(config);
+    let client = TensorServiceClient::with_origin(chan.clone(), chan.origin().clone())
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let info = ConnectionInfo {
+        transport: transport_name(ep.scheme()),
+        peer: chan.peer().to_string(),
+        max_frame_payload: config.max_frame_payload.into(),
+        local: ep.scheme() == Scheme::GrpcUnix,
+        stateless: true,
+    };
+    Ok(Arc::new(ClientConn { client, chan, info }))
+}
+
+struct ClientConn {
+    client: TensorServiceClient<GrpcChannel>,
+    chan: GrpcChannel,
+    info: ConnectionInfo,
+}
+
+#[async_trait]
+impl Connection for ClientConn {
+    async fn open(&self, kind: StreamKind) -> Result<Halves, StreamError> {
+        if self.chan.is_closed() {
+            return Err(StreamError::ConnectionClosed {
+                peer: self.info.peer.clone(),
+                reason: "the HTTP/2 connection is closed".into(),
+            });
+        }
+        let id = next_id();
+        let peer: Arc<str> = Arc::from(self.info.peer.as_str());
+        let unary = matches!(kind, StreamKind::Handshake | StreamKind::Fetch);
+        let (tx, mut rx) = mpsc::channel::<v1::Frame>(QUEUE);
+        let (resp_tx, resp_rx) = oneshot::channel();
+        let reset = ResetFlag::default();
+        let mut client = self.client.clone();
+        let flag = reset.clone();
+        tokio::spawn(async move {
+            let streaming = |rx| {
+                let mut req = Request::new(ReceiverStream::new(rx));
+                req.extensions_mut().insert(flag);
+                req
+            };
+            let r = match kind {
+                StreamKind::Handshake | StreamKind::Fetch => {
+                    // Nothing sent: the caller dropped the stream, no call.
+                    let Some(first) = rx.recv().await else { return };
+                    if kind == StreamKind::Fetch {
+                        client.fetch(first).await.map(|r| Source::Stream(r.into_inner()))
+                    } else {
+                        client.handshake(first).await.map(|r| Source::One(Some(r.into_inner())))
+                    }
+                }
+                StreamKind::Send => client.send(streaming(rx)).await.map(|r| Source::One(Some(r.into_inner()))),
+                StreamKind::Exchange => client.exchange(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
+                _ => client.call(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
+            };
+            let _ = resp_tx.send(r);
+        });
+        let send = RequestSend { tx: Some(tx), reset, unary, sent: false, id, peer: peer.clone() };
+        let recv = GrpcRecv { source: Source::Pending(resp_rx), id, peer };
+        Ok((Box::new(send), Box::new(recv)))
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        // gRPC servers never open calls to their clients.
+        self.chan.closed().await;
+        Err(StreamError::ConnectionClosed {
+            peer: self.info.peer.clone(),
+            reason: "the HTTP/2 connection closed".into(),
+        })
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        self.info.clone()
+    }
+
+    fn close(&self, _reason: &str) {
+        self.chan.close();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.chan.is_closed()
+    }
+
+    async fn closed(&self) {
+        self.chan.closed().await
+    }
+}

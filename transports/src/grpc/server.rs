@@ -1,0 +1,353 @@
+//! The server side: the tonic service that hands each call to the pipeline
+//! as a stream, the one [`Connection`] carrying every client's calls, and
+//! the listener (accept loop with TLS handshakes).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tensorwire_proto::v1;
+use tensorwire_proto::v1::tensor_service_server::{TensorService, TensorServiceServer};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::Routes;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::io::Io;
+use super::settings::{H2, message_limit, transport_name, tune_tcp};
+use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
+use crate::{
+    AcceptError, Connection, ConnectionInfo, Endpoint, Incoming, ListenError, Listener, Scheme, StreamError,
+    StreamKind, TransportConfig, tls,
+};
+
+/// The calls of every client, as the streams of one connection.
+struct ServerConn {
+    rx: tokio::sync::Mutex<mpsc::Receiver<Incoming>>,
+    closed: watch::Sender<bool>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+    cleanup: Mutex<Option<PathBuf>>,
+    info: ConnectionInfo,
+}
+
+impl ServerConn {
+    async fn wait_closed(&self) {
+        let mut rx = self.closed.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+}
+
+#[async_trait]
+impl Connection for ServerConn {
+    async fn open(&self, _kind: StreamKind) -> Result<Halves, StreamError> {
+        Err(StreamError::Refused {
+            peer: self.info.peer.clone(),
+            reason: "a gRPC server cannot call its clients".into(),
+        })
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        let closed = || StreamError::ConnectionClosed { peer: self.info.peer.clone(), reason: "server closed".into() };
+        let mut rx = self.rx.lock().await;
+        tokio::select! {
+            inc = rx.recv() => inc.ok_or_else(closed),
+            _ = self.wait_closed() => Err(closed()),
+        }
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        self.info.clone()
+    }
+
+    fn close(&self, reason: &str) {
+        if self.closed.send_replace(true) {
+            return;
+        }
+        tracing::debug!(endpoint = %self.info.peer, reason, "gRPC server stopping");
+        if let Some(h) = self.acceptor.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            h.abort();
+        }
+        if let Some(p) = self.cleanup.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    async fn closed(&self) {
+        self.wait_closed().await
+    }
+}
+
+/// The tonic service: hands each call to the pipeline as a stream.
+struct Service {
+    tx: mpsc::Sender<Incoming>,
+    closed: watch::Receiver<bool>,
+    peer: Arc<str>,
+}
+
+type FrameStream = ReceiverStream<Result<v1::Frame, Status>>;
+
+impl Service {
+    async fn start(
+        &self,
+        kind: StreamKind,
+        source: Source,
+    ) -> Result<mpsc::Receiver<Result<v1::Frame, Status>>, Status> {
+        if *self.closed.borrow() {
+            return Err(Status::unavailable("the server is shutting down"));
+        }
+        let id = next_id();
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let send = ResponseSend { tx: Some(tx), id, peer: self.peer.clone() };
+        let recv = GrpcRecv { source, id, peer: self.peer.clone() };
+        let inc = Incoming { kind: Some(kind), send: Box::new(send), recv: Box::new(recv) };
+        self.tx.send(inc).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
+        Ok(rx)
+    }
+
+    async fn unary_reply(mut rx: mpsc::Receiver<Result<v1::Frame, Status>>) -> Result<Response<v1::Frame>, Status> {
+        match rx.recv().await {
+            Some(Ok(f)) => Ok(Response::new(f)),
+            Some(Err(s)) => Err(s),
+            None => Err(Status::internal("the call ended without a reply")),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl TensorService for Service {
+    async fn handshake(&self, req: Request<v1::Frame>) -> Result<Response<v1::Frame>, Status> {
+        let rx = self.start(StreamKind::Handshake, Source::One(Some(req.into_inner()))).await?;
+        Self::unary_reply(rx).await
+    }
+
+    async fn send(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<v1::Frame>, Status> {
+        let rx = self.start(StreamKind::Send, Source::Stream(req.into_inner())).await?;
+        Self::unary_reply(rx).await
+    }
+
+    type FetchStream = FrameStream;
+
+    async fn fetch(&self, req: Request<v1::Frame>) -> Result<Response<FrameStream>, Status> {
+        let rx = self.start(StreamKind::Fetch, Source::One(Some(req.into_inner()))).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type ExchangeStream = FrameStream;
+
+    async fn exchange(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<FrameStream>, Status> {
+        let rx = self.start(StreamKind::Exchange, Source::Stream(req.into_inner())).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type CallStream = FrameStream;
+
+    async fn call(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<FrameStream>, Status> {
+        let rx = self.start(StreamKind::Call, Source::Stream(req.into_inner())).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Listens on a gRPC endpoint serving `tensorwire.v1.TensorService` only.
+pub async fn listen(ep: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
+    listen_with(ep, config, Routes::default()).await
+}
+
+enum Bound {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Listens on a gRPC endpoint serving `tensorwire.v1.TensorService` and
+/// the services in `extra` (health, reflection, ...) on the same port.
+///
+/// The listener yields one [`Connection`] carrying the calls of every
+/// client. Closing it refuses new calls and shuts the HTTP/2 server down
+/// gracefully; [`Listener::release`] resolves when the server has stopped.
+pub async fn listen_with(
+    ep: &Endpoint,
+    config: &TransportConfig,
+    extra: Routes,
+) -> Result<Box<dyn Listener>, ListenError> {
+    let name = ep.to_string();
+    let io = |source| ListenError::Io { endpoint: name.clone(), source };
+    let cfg_err = |reason: String| ListenError::Config { endpoint: name.clone(), reason };
+    let (bound, mut local, cleanup) = match ep.scheme() {
+        Scheme::Grpc | Scheme::Grpcs => {
+            let l = tokio::net::TcpListener::bind(ep.authority()).await.map_err(io)?;
+            let port = l.local_addr().map_err(io)?.port();
+            (Bound::Tcp(l), ep.with_port(port), None)
+        }
+        Scheme::GrpcUnix => {
+            let l = crate::unix::bind_socket(ep.path()).map_err(io)?;
+            let file = (!ep.path().to_string_lossy().starts_with('@')).then(|| ep.path().to_path_buf());
+            (Bound::Unix(l), ep.clone(), file)
+        }
+        other => return Err(ListenError::NotEnabled { scheme: other, feature: "grpc" }),
+    };
+    let acceptor = if ep.scheme() == Scheme::Grpcs {
+        let id = tls::server_identity(&config.tls, &[ep.host().to_string()]).map_err(cfg_err)?;
+        let rustls_cfg = tls::server_config(&config.tls, &id, &[H2]).map_err(cfg_err)?;
+        if id.generated {
+            tracing::info!(endpoint = %local, fingerprint = %id.fingerprint, "self-signed certificate (clients pin it with --pin-sha256)");
+            local = Endpoint::parse(&format!("{}?pin-sha256={}", local, id.fingerprint)).unwrap_or(local);
+        } else {
+            tracing::info!(endpoint = %local, fingerprint = %id.fingerprint, "serving certificate");
+        }
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(rustls_cfg)))
+    } else {
+        None
+    };
+
+    let (io_tx, io_rx) = mpsc::channel::<std::io::Result<Io>>(64);
+    let accept_task = tokio::spawn(accept_loop(bound, acceptor, config.clone(), io_tx));
+
+    let (closed_tx, closed_rx) = watch::channel(false);
+    let (call_tx, call_rx) = mpsc::channel(1024);
+    let peer: Arc<str> = Arc::from(format!("gRPC clients of {local}").as_str());
+    let conn = Arc::new(ServerConn {
+        rx: tokio::sync::Mutex::new(call_rx),
+        closed: closed_tx,
+        acceptor: Mutex::new(Some(accept_task)),
+        cleanup: Mutex::new(cleanup),
+        info: ConnectionInfo {
+            transport: transport_name(ep.scheme()),
+            peer: peer.to_string(),
+            max_frame_payload: config.max_frame_payload.into(),
+            local: ep.scheme() == Scheme::GrpcUnix,
+            stateless: true,
+        },
+    });
+    let limit = message_limit(config);
+    let svc = TensorServiceServer::new(Service { tx: call_tx, closed: closed_rx.clone(), peer })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let g = &config.grpc;
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(g.stream_window)
+        .initial_connection_window_size(g.connection_window)
+        .max_frame_size(g.max_frame_size)
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .http2_keepalive_interval(config.keepalive_interval)
+        .tcp_nodelay(true);
+    let router = builder.add_routes(extra.add_service(svc));
+    let mut stop = closed_rx;
+    let server = tokio::spawn(async move {
+        let signal = async move {
+            let _ = stop.wait_for(|c| *c).await;
+        };
+        if let Err(e) = router.serve_with_incoming_shutdown(ReceiverStream::new(io_rx), signal).await {
+            tracing::warn!(error = %e, "gRPC server failed");
+        }
+    });
+    Ok(Box::new(GrpcListener {
+        conn: Some(conn.clone()),
+        shared: conn,
+        local,
+        server: Arc::new(Mutex::new(Some(server))),
+    }))
+}
+
+async fn accept_loop(
+    bound: Bound,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    config: TransportConfig,
+    tx: mpsc::Sender<std::io::Result<Io>>,
+) {
+    loop {
+        let accepted = match &bound {
+            Bound::Tcp(l) => l.accept().await.map(|(s, a)| (Some(s), None, Some(a))),
+            Bound::Unix(l) => l.accept().await.map(|(s, _)| (None, Some(s), None::<SocketAddr>)),
+        };
+        match accepted {
+            Ok((Some(s), _, addr)) => {
+                tune_tcp(&s, &config);
+                match &acceptor {
+                    None => {
+                        if tx.send(Ok(Io::Tcp(s))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(acc) => {
+                        // Each handshake in its own task: a slow client never
+                        // delays the others. It gets the connect timeout.
+                        let (acc, tx, timeout) = (acc.clone(), tx.clone(), config.connect_timeout);
+                        tokio::spawn(async move {
+                            match tokio::time::timeout(timeout, acc.accept(s)).await {
+                                Ok(Ok(t)) => {
+                                    let _ = tx.send(Ok(Io::Tls(Box::new(t)))).await;
+                                }
+                                Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
+                                Err(_) => tracing::info!(peer = ?addr, "TLS handshake timed out"),
+                            }
+                        });
+                    }
+                }
+            }
+            Ok((None, Some(s), _)) => {
+                if tx.send(Ok(Io::Unix(s))).await.is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Out of file descriptors and the like: wait, keep serving.
+                tracing::debug!(error = %e, "gRPC accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+struct GrpcListener {
+    conn: Option<Arc<ServerConn>>,
+    shared: Arc<ServerConn>,
+    local: Endpoint,
+    server: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Drop for GrpcListener {
+    fn drop(&mut self) {
+        // Never handed out: nobody else will close it.
+        if self.conn.is_some() {
+            self.shared.close("listener dropped");
+        }
+    }
+}
+
+#[async_trait]
+impl Listener for GrpcListener {
+    async fn accept(&mut self) -> Result<Arc<dyn Connection>, AcceptError> {
+        if let Some(c) = self.conn.take() {
+            return Ok(c);
+        }
+        self.shared.wait_closed().await;
+        Err(AcceptError::Closed)
+    }
+
+    fn local_endpoint(&self) -> Endpoint {
+        self.local.clone()
+    }
+
+    fn release(&self) -> Option<futures_util::future::BoxFuture<'static, ()>> {
+        let (conn, server) = (self.shared.clone(), self.server.clone());
+        Some(Box::pin(async move {
+            conn.wait_closed().await;
+            let handle = server.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(mut h) = handle {
+                // Graceful: GOAWAY, then in-flight calls end. A client that
+                // keeps a call open does not hold the server forever.
+                if tokio::time::timeout(Duration::from_secs(2), &mut h).await.is_err() {
+                    h.abort();
+                    let _ = h.await;
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,266 @@
+//! The stream handles: [`SendStream`] and [`RecvStream`] over a mux
+//! connection. They ask the stream's [`StreamState`](super::state::StreamState)
+//! what to do, and do it: wait for credit, hand frames to the writer,
+//! return credit, send STOP or RESET when dropped.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use prost::Message;
+use tokio::sync::mpsc;
+
+use super::frame::code;
+use super::shared::{Event, Shared, StreamShared, lock};
+use super::state::SendPoll;
+use super::writer::Out;
+use crate::{Frame, Placement, Received, RecvStream, SendStream, StreamError};
+
+/// The sending half of a mux stream.
+pub(crate) struct MuxSend {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: Arc<StreamShared>,
+}
+
+impl MuxSend {
+    fn check_frame(&self, frame: &Frame) -> Result<u64, StreamError> {
+        let sh = &self.shared;
+        let cost = frame.header.encoded_len() as u64 + frame.payload.len() as u64;
+        if frame.payload.len() as u64 > u64::from(sh.peer_max_payload) {
+            return Err(StreamError::LimitExceeded {
+                peer: sh.peer.clone(),
+                what: "frame payload",
+                size: frame.payload.len() as u64,
+                limit: sh.peer_max_payload.into(),
+            });
+        }
+        if cost > u64::from(sh.peer_window) {
+            return Err(StreamError::LimitExceeded {
+                peer: sh.peer.clone(),
+                what: "frame (the peer's stream window)",
+                size: cost,
+                limit: sh.peer_window.into(),
+            });
+        }
+        Ok(cost)
+    }
+
+    /// Waits for `cost` bytes of credit and takes them; with `fin`, also
+    /// closes this direction.
+    async fn acquire(&self, cost: u64, fin: bool) -> Result<(), StreamError> {
+        let sh = &self.shared;
+        let s = &self.stream;
+        loop {
+            let notified = s.send_notify.notified();
+            let mut notified = pin!(notified);
+            notified.as_mut().enable();
+            if sh.closed.load(Ordering::Acquire) {
+                return Err(sh.error());
+            }
+            let poll = lock(&s.inner).state.poll_send(cost, fin);
+            let stream = s.id().into();
+            match poll {
+                SendPoll::Ready => return Ok(()),
+                SendPoll::Finished => return Err(StreamError::Finished { peer: sh.peer.clone(), stream }),
+                SendPoll::Stopped(code) => return Err(StreamError::Stopped { peer: sh.peer.clone(), stream, code }),
+                SendPoll::Blocked => notified.await,
+            }
+        }
+    }
+
+    async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
+        let cost = self.check_frame(&frame)?;
+        self.acquire(cost, fin).await?;
+        self.enqueue(|id| [Out::Data { id, header: Some(frame.header), payload: frame.payload, fin }])
+    }
+
+    /// Hands frames to the writer. A locally opened stream's first frame
+    /// gets the next id, assigned and handed over under the connection lock:
+    /// the peer treats any id at or below the highest it has seen as an old
+    /// stream, so new ids must reach the wire in increasing order.
+    fn enqueue<I>(&self, frames: impl FnOnce(u32) -> I) -> Result<(), StreamError>
+    where
+        I: AsRef<[Out]> + IntoIterator<Item = Out>,
+    {
+        let sh = &self.shared;
+        let s = &self.stream;
+        let fail = |e: std::io::Error| {
+            let err = StreamError::io(&sh.peer, &e);
+            sh.fail(err.clone());
+            err
+        };
+        let id = s.id();
+        if id != 0 {
+            if sh.closed.load(Ordering::Acquire) {
+                return Err(sh.error());
+            }
+            return sh.writer.write_or_push(frames(id)).map_err(fail);
+        }
+        let mut st = lock(&sh.state);
+        if let Some(e) = &st.error {
+            return Err(e.clone());
+        }
+        let id = st
+            .streams
+            .open_local(s.clone())
+            .map_err(|e| StreamError::Refused { peer: sh.peer.clone(), reason: e.to_string() })?;
+        s.id.store(id, Ordering::Release);
+        sh.count_streams(&st);
+        let r = sh.writer.write_or_push(frames(id));
+        drop(st);
+        r.map_err(fail)
+    }
+}
+
+#[async_trait]
+impl SendStream for MuxSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        self.send_inner(frame, false).await
+    }
+
+    async fn send_last(&mut self, frame: Frame) -> Result<(), StreamError> {
+        self.send_inner(frame, true).await
+    }
+
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let mut cost = 0;
+        for f in &frames {
+            cost += self.check_frame(f)?;
+        }
+        if frames.is_empty() {
+            return if fin { self.finish().await } else { Ok(()) };
+        }
+        let n = frames.len();
+        if cost > u64::from(self.shared.peer_window) {
+            // More than the peer's window at once: send them one by one.
+            for (i, f) in frames.into_iter().enumerate() {
+                self.send_inner(f, fin && i + 1 == n).await?;
+            }
+            return Ok(());
+        }
+        self.acquire(cost, fin).await?;
+        self.enqueue(|id| {
+            frames
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| Out::Data { id, header: Some(f.header), payload: f.payload, fin: fin && i + 1 == n })
+                .collect::<Vec<_>>()
+        })
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        // Finishing twice, or after the peer stopped reading, has nothing left to do.
+        let send_fin = lock(&self.stream.inner).state.finish();
+        if send_fin {
+            self.enqueue(|id| [Out::Data { id, header: None, payload: Bytes::new(), fin: true }])?;
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self, code: u32) {
+        let inner = &mut *lock(&self.stream.inner);
+        // A stream that never sent a frame does not exist for the peer.
+        let id = self.stream.id();
+        if inner.state.reset() && id != 0 {
+            let _ = self.shared.writer.write_or_push([Out::Reset { id, code }]);
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.stream.id().into()
+    }
+}
+
+impl Drop for MuxSend {
+    fn drop(&mut self) {
+        self.reset(code::CANCELLED);
+        let forget = lock(&self.stream.inner).state.send_dropped();
+        if forget {
+            self.shared.forget(&self.stream);
+        }
+    }
+}
+
+/// The receiving half of a mux stream.
+pub(crate) struct MuxRecv {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: Arc<StreamShared>,
+    pub(crate) events: mpsc::UnboundedReceiver<Event>,
+    pub(crate) done: bool,
+}
+
+impl MuxRecv {
+    pub(crate) fn new(shared: Arc<Shared>, stream: Arc<StreamShared>, events: mpsc::UnboundedReceiver<Event>) -> Self {
+        Self { shared, stream, events, done: false }
+    }
+
+    fn consumed(&self, cost: u64) {
+        let sh = &self.shared;
+        if sh.buffered.fetch_sub(cost, Ordering::AcqRel) > sh.conn_window {
+            sh.budget_notify.notify_waiters();
+        }
+        let mut inner = lock(&self.stream.inner);
+        if let Some(inc) = inner.state.on_consumed(cost) {
+            let _ = sh.writer.write_or_push([Out::Window { id: self.stream.id(), inc }]);
+        }
+    }
+}
+
+#[async_trait]
+impl RecvStream for MuxRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.events.recv().await {
+            Some(Event::Frame(r, cost)) => {
+                self.consumed(cost);
+                Ok(Some(r))
+            }
+            Some(Event::Fin) => {
+                self.done = true;
+                Ok(None)
+            }
+            Some(Event::Reset(code)) => {
+                self.done = true;
+                Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code })
+            }
+            Some(Event::Error(e)) => Err(e),
+            None => Err(self.shared.error()),
+        }
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        lock(&self.stream.inner).placement = target;
+    }
+
+    fn id(&self) -> u64 {
+        self.stream.id().into()
+    }
+}
+
+impl Drop for MuxRecv {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.stream.inner);
+        let dropped = inner.state.recv_dropped();
+        let id = self.stream.id();
+        if dropped.stop && id != 0 {
+            let _ = self.shared.writer.write_or_push([Out::Stop { id, code: code::CANCELLED }]);
+        }
+        inner.events = None;
+        inner.placement = None;
+        drop(inner);
+        // Frames still queued count against the connection window until released.
+        while let Ok(ev) = self.events.try_recv() {
+            if let Event::Frame(_, cost) = ev {
+                self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
+            }
+        }
+        self.shared.budget_notify.notify_waiters();
+        if dropped.forget {
+            self.shared.forget(&self.stream);
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! What the reader task, the writer task and the stream handles of one mux
+//! connection share: the [`state`](super::state) machine behind locks, the
+//! writer, the per-stream event channels and the wake-ups.
+//!
+//! The stream table ([`Streams`]) sits under one connection lock and each
+//! stream's [`StreamState`] under a lock of its own, so streams never wait
+//! on each other's bookkeeping. No IO happens under either lock.
+
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+
+use super::frame;
+use super::state::{StreamState, Streams};
+use super::writer::Writer;
+use crate::{Incoming, Placement, Received, StreamError};
+
+/// What the reader hands a stream's receiving handle.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Event {
+    /// A frame and its cost in credit (returned when it is consumed).
+    Frame(Received, u64),
+    /// The peer finished.
+    Fin,
+    /// The peer reset the stream with this code.
+    Reset(u32),
+    /// The connection failed.
+    Error(StreamError),
+}
+
+/// A stream's mutable part.
+pub(crate) struct StreamInner {
+    /// The sans-IO state: half-closes and windows.
+    pub(crate) state: StreamState,
+    /// To the receiving handle; None once it is dropped.
+    pub(crate) events: Option<mpsc::UnboundedSender<Event>>,
+    /// Where the receiver wants a tensor's payloads written.
+    pub(crate) placement: Option<Placement>,
+}
+
+/// One stream, shared by its two handles and the reader.
+pub(crate) struct StreamShared {
+    /// 0 until the stream's first frame is sent (locally opened streams get
+    /// their id then, so new ids reach the wire in increasing order).
+    pub(crate) id: AtomicU32,
+    pub(crate) inner: Mutex<StreamInner>,
+    /// Wakes a sender waiting for credit (or for news that it cannot send).
+    pub(crate) send_notify: Notify,
+}
+
+impl StreamShared {
+    pub(crate) fn id(&self) -> u32 {
+        self.id.load(Ordering::Acquire)
+    }
+}
+
+/// The connection's mutable part.
+pub(crate) struct ConnState {
+    pub(crate) streams: Streams<Arc<StreamShared>>,
+    pub(crate) error: Option<StreamError>,
+}
+
+/// Everything one connection's tasks and handles share.
+pub(crate) struct Shared {
+    pub(crate) peer: String,
+    pub(crate) transport: &'static str,
+    pub(crate) local: bool,
+    pub(crate) limits: frame::Limits,
+    pub(crate) my_window: u32,
+    pub(crate) peer_window: u32,
+    pub(crate) peer_max_payload: u32,
+    /// Bytes of delivered, unconsumed frames above which the reader pauses.
+    pub(crate) conn_window: u64,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) state: Mutex<ConnState>,
+    pub(crate) writer: Writer,
+    pub(crate) accept_tx: mpsc::UnboundedSender<Incoming>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) closed_notify: Notify,
+    /// Bytes of delivered, unconsumed frames.
+    pub(crate) buffered: AtomicU64,
+    pub(crate) budget_notify: Notify,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks would be a bug in this module; the
+    // data stays consistent enough to report errors, so don't propagate poison.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn error(&self) -> StreamError {
+        lock(&self.state)
+            .error
+            .clone()
+            .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
+    }
+
+    pub(crate) fn protocol(&self, reason: impl Into<String>) -> StreamError {
+        StreamError::Protocol { peer: self.peer.clone(), reason: reason.into() }
+    }
+
+    /// Marks the connection failed: every stream learns `err`, every waiter wakes.
+    pub(crate) fn fail(&self, err: StreamError) {
+        let streams: Vec<Arc<StreamShared>> = {
+            let mut st = lock(&self.state);
+            if st.error.is_some() {
+                return;
+            }
+            st.error = Some(err.clone());
+            st.streams.values().cloned().collect()
+        };
+        self.closed.store(true, Ordering::Release);
+        for s in streams {
+            let inner = lock(&s.inner);
+            if let Some(tx) = &inner.events {
+                let _ = tx.send(Event::Error(err.clone()));
+            }
+            drop(inner);
+            s.send_notify.notify_waiters();
+        }
+        self.closed_notify.notify_waiters();
+        self.budget_notify.notify_waiters();
+    }
+
+    /// A new stream (id 0 for a local one until its first frame) and the
+    /// receiving end of its events.
+    pub(crate) fn new_stream(&self, id: u32) -> (Arc<StreamShared>, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let s = Arc::new(StreamShared {
+            id: AtomicU32::new(id),
+            inner: Mutex::new(StreamInner {
+                state: StreamState::new(self.peer_window, self.my_window),
+                events: Some(tx),
+                placement: None,
+            }),
+            send_notify: Notify::new(),
+        });
+        (s, rx)
+    }
+
+    /// Keeps the writer's count of open streams (its direct-write rule) in step.
+    pub(crate) fn count_streams(&self, st: &ConnState) {
+        self.writer.open_streams.store(st.streams.len(), Ordering::Relaxed);
+    }
+
+    /// Removes a stream both of whose handles are gone.
+    pub(crate) fn forget(&self, s: &StreamShared) {
+        let id = s.id();
+        if id == 0 {
+            return;
+        }
+        let mut st = lock(&self.state);
+        if st.streams.forget(id) {
+            self.count_streams(&st);
+        }
+    }
+
+    pub(crate) async fn wait_closed(&self) {
+        loop {
+            let n = self.closed_notify.notified();
+            let mut n = pin!(n);
+            n.as_mut().enable();
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            n.await;
+        }
+    }
+}
