@@ -1,4 +1,5 @@
-//! A safe interpreter for the pickles `torch.save` writes, and a writer.
+//! A safe interpreter for the pickles `torch.save` writes (the writer is
+//! [`crate::torch::pickle_write`]; the value tree both share is re-exported here).
 //!
 //! The reader is a stack machine over the opcodes of pickle protocols 0–5
 //! that build data (numbers, strings, tuples, lists, dicts, memo, persistent
@@ -13,63 +14,10 @@
 
 use std::collections::HashMap;
 
-use crate::codec::{DecodeError, DecodeLimits};
 use crate::dtype::DType;
-
-/// A storage reference from a persistent id: `('storage', type, key, location, numel)`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StorageRef {
-    /// Storage dtype; `None` for `UntypedStorage` (bytes; the dtype comes from the rebuild call).
-    pub dtype: Option<DType>,
-    /// The record key (`archive/data/<key>`).
-    pub key: String,
-    /// Location the storage was saved from (`"cpu"`, `"cuda:0"`).
-    pub location: String,
-    /// Elements of `dtype` (bytes when untyped).
-    pub numel: u64,
-}
-
-/// A tensor described by a rebuild call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorRef {
-    /// The storage it views.
-    pub storage: StorageRef,
-    /// Element type.
-    pub dtype: DType,
-    /// Offset in elements.
-    pub offset: u64,
-    /// Shape.
-    pub shape: Vec<u64>,
-    /// Strides in elements.
-    pub strides: Vec<u64>,
-}
-
-/// What a pickle evaluates to, in the subset torch.save produces.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PickleValue {
-    /// `None`
-    None,
-    /// `bool`
-    Bool(bool),
-    /// `int` (within i64)
-    Int(i64),
-    /// `float`
-    Float(f64),
-    /// `str`
-    Str(String),
-    /// `bytes`
-    Bytes(Vec<u8>),
-    /// `tuple`
-    Tuple(Vec<PickleValue>),
-    /// `list`
-    List(Vec<PickleValue>),
-    /// `dict` (insertion order kept)
-    Dict(Vec<(PickleValue, PickleValue)>),
-    /// `collections.OrderedDict`
-    OrderedDict(Vec<(PickleValue, PickleValue)>),
-    /// A tensor (also an `nn.Parameter`).
-    Tensor(TensorRef),
-}
+use crate::error::DecodeError;
+use crate::limits::DecodeLimits;
+pub use crate::torch::pickle_model::{PickleValue, StorageRef, TensorRef, storage_class, storage_dtype};
 
 /// Globals a pickle may name. Everything else is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,47 +56,6 @@ fn lookup_global(module: &str, name: &str) -> Option<Global> {
         ("torch", storage) if storage.ends_with("Storage") => TypedStorage(storage_dtype(storage)?),
         ("torch", dtype) => DTypeObj(torch_dtype(dtype)?),
         _ => return None,
-    })
-}
-
-/// dtype of a legacy typed storage class (`torch.FloatStorage`).
-pub fn storage_dtype(class: &str) -> Option<DType> {
-    Some(match class {
-        "BoolStorage" => DType::Bool,
-        "ByteStorage" => DType::UInt8,
-        "CharStorage" => DType::Int8,
-        "ShortStorage" => DType::Int16,
-        "IntStorage" => DType::Int32,
-        "LongStorage" => DType::Int64,
-        "HalfStorage" => DType::Float16,
-        "BFloat16Storage" => DType::BFloat16,
-        "FloatStorage" => DType::Float32,
-        "DoubleStorage" => DType::Float64,
-        "ComplexFloatStorage" => DType::Complex64,
-        "ComplexDoubleStorage" => DType::Complex128,
-        _ => return None,
-    })
-}
-
-/// The legacy storage class torch writes for `dtype`, or None for dtypes
-/// saved as `UntypedStorage` with `_rebuild_tensor_v3`.
-pub fn storage_class(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::Bool => "BoolStorage",
-        DType::UInt8 => "ByteStorage",
-        DType::Int8 => "CharStorage",
-        DType::Int16 => "ShortStorage",
-        DType::Int32 => "IntStorage",
-        DType::Int64 => "LongStorage",
-        DType::Float16 => "HalfStorage",
-        DType::BFloat16 => "BFloat16Storage",
-        DType::Float32 => "FloatStorage",
-        DType::Float64 => "DoubleStorage",
-        DType::Complex64 => "ComplexFloatStorage",
-        DType::Complex128 => "ComplexDoubleStorage",
-        DType::UInt16 | DType::UInt32 | DType::UInt64 | DType::Float8E4M3Fn | DType::Float8E5M2 => {
-            return None;
-        }
     })
 }
 

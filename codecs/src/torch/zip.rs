@@ -14,7 +14,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::codec::{DecodeError, DecodeLimits};
+use crate::error::DecodeError;
+use crate::limits::DecodeLimits;
 
 const LFH_SIG: u32 = 0x0403_4b50;
 const CDH_SIG: u32 = 0x0201_4b50;
