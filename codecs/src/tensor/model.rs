@@ -53,14 +53,7 @@ impl Tensor {
     /// A contiguous host tensor over `data`, which must hold exactly
     /// `numel × itemsize` bytes.
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>, data: impl Into<Bytes>) -> Result<Self, TensorError> {
-        let shape = shape.into();
-        let data = data.into();
-        let expected = byte_size(dtype, &shape)?;
-        if expected != data.len() {
-            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: data.len() });
-        }
-        let strides = contiguous_strides(&shape);
-        Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, Storage::Host(data)))
+        Self::contiguous_over(dtype, shape.into(), Storage::Host(data.into()))
     }
 
     /// A contiguous tensor copied from a typed slice.
@@ -113,13 +106,18 @@ impl Tensor {
         shape: impl Into<Vec<usize>>,
         buffer: Arc<dyn DeviceBuffer>,
     ) -> Result<Self, TensorError> {
-        let shape = shape.into();
+        Self::contiguous_over(dtype, shape.into(), Storage::Device(buffer))
+    }
+
+    /// A contiguous tensor over all of `storage`, which must hold exactly
+    /// `numel × itemsize` bytes.
+    fn contiguous_over(dtype: DType, shape: Vec<usize>, storage: Storage) -> Result<Self, TensorError> {
         let expected = byte_size(dtype, &shape)?;
-        if expected != buffer.len() {
-            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: buffer.len() });
+        if expected != storage.len() {
+            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: storage.len() });
         }
         let strides = contiguous_strides(&shape);
-        Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, Storage::Device(buffer)))
+        Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, storage))
     }
 
     pub(super) fn from_parts_unchecked(

@@ -88,24 +88,20 @@ fn three_d_permutation_matches_naive_gather() {
     let p = t.permute(&[2, 0, 1]).unwrap();
     let v = p.to_vec::<i32>().unwrap();
     let src = t.as_slice::<i32>().unwrap();
-    let mut expected = Vec::new();
-    for k in 0..5 {
-        for i in 0..3 {
-            for j in 0..4 {
-                expected.push(src[i * 20 + j * 5 + k]);
+    // Element [k][i][j] of the permuted view, for k, i, j in the ranges.
+    let gather = |ks: std::ops::Range<usize>, is: std::ops::Range<usize>, js: std::ops::Range<usize>| {
+        let mut out = Vec::new();
+        for k in ks {
+            for i in is.clone() {
+                for j in js.clone() {
+                    out.push(src[i * 20 + j * 5 + k]);
+                }
             }
         }
-    }
-    assert_eq!(v, expected);
+        out
+    };
+    assert_eq!(v, gather(0..5, 0..3, 0..4));
     let s = p.narrow(0, 1, 3).unwrap().narrow(2, 1, 2).unwrap();
     let sv = s.to_vec::<i32>().unwrap();
-    let mut exp2 = Vec::new();
-    for k in 1..4 {
-        for i in 0..3 {
-            for j in 1..3 {
-                exp2.push(src[i * 20 + j * 5 + k]);
-            }
-        }
-    }
-    assert_eq!(sv, exp2);
+    assert_eq!(sv, gather(1..4, 0..3, 1..3));
 }

@@ -23,12 +23,14 @@
 //! | `object.rs` | [`Object`], the object tree a file holds |
 //! | `file.rs` | [`load`], [`save`], [`SaveOptions`]: whole torch.save files |
 //! | `codec.rs` | [`TorchCodec`], one tensor per payload for the pipeline |
+//! | `cursor.rs` | bounds-checked little-endian reads, for the zip reader and the pickle interpreter |
 //! | `zip.rs` | [`zip`]: the zip container (stored entries, aligned) |
 //! | `pickle_model.rs` | what reader and writer share: [`pickle::PickleValue`], [`pickle::TensorRef`], [`pickle::StorageRef`], the storage-class table |
 //! | `pickle.rs` | [`pickle`]: the safe pickle interpreter (reader) |
 //! | `pickle_write.rs` | [`pickle_write`]: the pickle writer |
 
 mod codec;
+mod cursor;
 mod file;
 mod object;
 pub mod pickle;
