@@ -17,7 +17,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
-use crate::codec::{DecodeError, EncodeError};
+use crate::error::{DecodeError, EncodeError};
 
 /// A chunk's compression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -20,6 +20,25 @@
 //!
 //! Compression ([`compress`]) is per chunk and composes with every codec.
 //!
+//! ## Layout
+//!
+//! No file imports a file that imports it back (`tools/import_cycles.py`):
+//! the trait sits below its implementations, the registry above them.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `lib.rs` | these docs, module declarations, re-exports |
+//! | `codec.rs` | the [`Codec`] trait and the types of its signature: [`CodecKind`], [`TensorInfo`], [`Encoded`] |
+//! | `registry.rs` | the built-in codecs by kind: [`codec()`], [`available_codecs`] |
+//! | `error.rs` | [`EncodeError`], [`DecodeError`] |
+//! | `limits.rs` | [`DecodeLimits`] and the shared shape check [`limits::check_shape`] |
+//! | `raw.rs` | [`raw::RawCodec`] |
+//! | `torch/` | the torch.save codec: `mod.rs` says which file holds what |
+//! | `safetensors.rs` | the safetensors codec and file reader/writer |
+//! | `compress.rs` | lz4/zstd per chunk, byte-shuffle, [`compress::choose_auto`] |
+//! | `dtype.rs` | [`DType`], [`Element`], [`Complex`], the float8 types |
+//! | `tensor/` | the tensor model ([`Tensor`], [`Storage`], [`Device`], [`AlignedBuf`], [`TensorError`]): `mod.rs` says which file holds what |
+//!
 //! The tensor model lives here rather than in `tensorwire` because the codecs
 //! need it and `tensorwire` depends on this crate; `tensorwire` re-exports it.
 //!
@@ -36,16 +55,20 @@
 pub mod codec;
 pub mod compress;
 pub mod dtype;
+pub mod error;
+pub mod limits;
 pub mod raw;
+mod registry;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
 pub mod tensor;
 #[cfg(feature = "torch")]
 pub mod torch;
 
-pub use codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, available_codecs, codec,
-};
+pub use codec::{Codec, CodecKind, Encoded, TensorInfo};
 pub use compress::{Compression, CompressionMode};
 pub use dtype::{Complex, DType, Element, F8E4M3, F8E5M2};
+pub use error::{DecodeError, EncodeError};
+pub use limits::DecodeLimits;
+pub use registry::{available_codecs, codec};
 pub use tensor::{AlignedBuf, Device, DeviceBuffer, Storage, Tensor, TensorError};

@@ -7,10 +7,10 @@
 
 use bytes::Bytes;
 
-use crate::codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned, check_shape,
-};
-use crate::tensor::{Storage, Tensor, contiguous_strides, view_extent};
+use crate::codec::{Codec, CodecKind, Encoded, TensorInfo};
+use crate::error::{DecodeError, EncodeError};
+use crate::limits::{DecodeLimits, check_shape};
+use crate::tensor::{Storage, Tensor, aligned, contiguous_strides, view_extent};
 
 /// See the [module docs](self).
 #[derive(Debug, Clone, Copy, Default)]

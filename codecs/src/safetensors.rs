@@ -12,11 +12,11 @@ use bytes::Bytes;
 use safetensors::tensor::{Metadata, TensorInfo as StInfo};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::codec::{
-    Codec, CodecKind, DecodeError, DecodeLimits, EncodeError, Encoded, TensorInfo, aligned, check_shape,
-};
+use crate::codec::{Codec, CodecKind, Encoded, TensorInfo};
 use crate::dtype::DType;
-use crate::tensor::Tensor;
+use crate::error::{DecodeError, EncodeError};
+use crate::limits::{DecodeLimits, check_shape};
+use crate::tensor::{Tensor, aligned};
 
 fn to_st(d: DType) -> Option<Dtype> {
     Some(match d {
@@ -176,14 +176,7 @@ impl Codec for SafetensorsCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn join(segs: Vec<Bytes>) -> Bytes {
-        let mut v = Vec::new();
-        for s in segs {
-            v.extend_from_slice(&s);
-        }
-        Bytes::from(v)
-    }
+    use crate::codec::concat;
 
     #[test]
     fn file_round_trip_with_metadata() {
@@ -191,8 +184,8 @@ mod tests {
         let b = Tensor::from_vec([3], vec![1u8, 2, 3]).unwrap();
         let c = Tensor::from_vec([2, 3], (0..6i32).collect::<Vec<_>>()).unwrap().transpose(0, 1).unwrap();
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        let file = join(
-            save(&[("b".into(), b.clone()), ("a".into(), a.clone()), ("c".into(), c.clone())], Some(meta.clone()))
+        let file = concat(
+            &save(&[("b".into(), b.clone()), ("a".into(), a.clone()), ("c".into(), c.clone())], Some(meta.clone()))
                 .unwrap(),
         );
         let back = load(file, &DecodeLimits::default()).unwrap();

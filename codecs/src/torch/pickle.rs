@@ -1,4 +1,5 @@
-//! A safe interpreter for the pickles `torch.save` writes, and a writer.
+//! A safe interpreter for the pickles `torch.save` writes (the writer is
+//! [`crate::torch::pickle_write`]; the value tree both share is re-exported here).
 //!
 //! The reader is a stack machine over the opcodes of pickle protocols 0–5
 //! that build data (numbers, strings, tuples, lists, dicts, memo, persistent
@@ -13,63 +14,11 @@
 
 use std::collections::HashMap;
 
-use crate::codec::{DecodeError, DecodeLimits};
 use crate::dtype::DType;
-
-/// A storage reference from a persistent id: `('storage', type, key, location, numel)`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StorageRef {
-    /// Storage dtype; `None` for `UntypedStorage` (bytes; the dtype comes from the rebuild call).
-    pub dtype: Option<DType>,
-    /// The record key (`archive/data/<key>`).
-    pub key: String,
-    /// Location the storage was saved from (`"cpu"`, `"cuda:0"`).
-    pub location: String,
-    /// Elements of `dtype` (bytes when untyped).
-    pub numel: u64,
-}
-
-/// A tensor described by a rebuild call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorRef {
-    /// The storage it views.
-    pub storage: StorageRef,
-    /// Element type.
-    pub dtype: DType,
-    /// Offset in elements.
-    pub offset: u64,
-    /// Shape.
-    pub shape: Vec<u64>,
-    /// Strides in elements.
-    pub strides: Vec<u64>,
-}
-
-/// What a pickle evaluates to, in the subset torch.save produces.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PickleValue {
-    /// `None`
-    None,
-    /// `bool`
-    Bool(bool),
-    /// `int` (within i64)
-    Int(i64),
-    /// `float`
-    Float(f64),
-    /// `str`
-    Str(String),
-    /// `bytes`
-    Bytes(Vec<u8>),
-    /// `tuple`
-    Tuple(Vec<PickleValue>),
-    /// `list`
-    List(Vec<PickleValue>),
-    /// `dict` (insertion order kept)
-    Dict(Vec<(PickleValue, PickleValue)>),
-    /// `collections.OrderedDict`
-    OrderedDict(Vec<(PickleValue, PickleValue)>),
-    /// A tensor (also an `nn.Parameter`).
-    Tensor(TensorRef),
-}
+use crate::error::DecodeError;
+use crate::limits::DecodeLimits;
+use crate::torch::cursor::Cursor;
+pub use crate::torch::pickle_model::{PickleValue, StorageRef, TensorRef, storage_class, storage_dtype};
 
 /// Globals a pickle may name. Everything else is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,47 +57,6 @@ fn lookup_global(module: &str, name: &str) -> Option<Global> {
         ("torch", storage) if storage.ends_with("Storage") => TypedStorage(storage_dtype(storage)?),
         ("torch", dtype) => DTypeObj(torch_dtype(dtype)?),
         _ => return None,
-    })
-}
-
-/// dtype of a legacy typed storage class (`torch.FloatStorage`).
-pub fn storage_dtype(class: &str) -> Option<DType> {
-    Some(match class {
-        "BoolStorage" => DType::Bool,
-        "ByteStorage" => DType::UInt8,
-        "CharStorage" => DType::Int8,
-        "ShortStorage" => DType::Int16,
-        "IntStorage" => DType::Int32,
-        "LongStorage" => DType::Int64,
-        "HalfStorage" => DType::Float16,
-        "BFloat16Storage" => DType::BFloat16,
-        "FloatStorage" => DType::Float32,
-        "DoubleStorage" => DType::Float64,
-        "ComplexFloatStorage" => DType::Complex64,
-        "ComplexDoubleStorage" => DType::Complex128,
-        _ => return None,
-    })
-}
-
-/// The legacy storage class torch writes for `dtype`, or None for dtypes
-/// saved as `UntypedStorage` with `_rebuild_tensor_v3`.
-pub fn storage_class(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::Bool => "BoolStorage",
-        DType::UInt8 => "ByteStorage",
-        DType::Int8 => "CharStorage",
-        DType::Int16 => "ShortStorage",
-        DType::Int32 => "IntStorage",
-        DType::Int64 => "LongStorage",
-        DType::Float16 => "HalfStorage",
-        DType::BFloat16 => "BFloat16Storage",
-        DType::Float32 => "FloatStorage",
-        DType::Float64 => "DoubleStorage",
-        DType::Complex64 => "ComplexFloatStorage",
-        DType::Complex128 => "ComplexDoubleStorage",
-        DType::UInt16 | DType::UInt32 | DType::UInt64 | DType::Float8E4M3Fn | DType::Float8E5M2 => {
-            return None;
-        }
     })
 }
 
@@ -211,8 +119,7 @@ impl Budget {
 }
 
 struct Machine<'a> {
-    data: &'a [u8],
-    pos: usize,
+    cur: Cursor<'a>,
     arena: Vec<Obj>,
     stack: Vec<usize>,
     marks: Vec<usize>,
@@ -226,8 +133,7 @@ pub fn load(data: &[u8], limits: &DecodeLimits) -> Result<PickleValue, DecodeErr
         return Err(DecodeError::TooLarge { what: "pickle", size: data.len() as u64, limit: limits.max_pickle_bytes });
     }
     let mut m = Machine {
-        data,
-        pos: 0,
+        cur: Cursor::at("pickle", data, 0),
         arena: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
@@ -245,42 +151,20 @@ pub fn load(data: &[u8], limits: &DecodeLimits) -> Result<PickleValue, DecodeErr
 }
 
 impl Machine<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(DecodeError::Truncated {
-            what: "pickle",
-            needed: (self.pos as u64).saturating_add(n as u64),
-            available: self.data.len() as u64,
-        })?;
-        let s = &self.data[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
     fn len64(&mut self) -> Result<usize, DecodeError> {
-        let n = self.u64()?;
+        let n = self.cur.u64()?;
         usize::try_from(n).map_err(|_| bad(format!("length {n} overflows")))
     }
     fn line(&mut self) -> Result<&str, DecodeError> {
-        let rest = &self.data[self.pos..];
+        let data = self.cur.buf();
+        let rest = &data[self.cur.pos()..];
         let n = rest.iter().position(|&b| b == b'\n').ok_or(DecodeError::Truncated {
             what: "pickle text argument",
-            needed: self.data.len() as u64 + 1,
-            available: self.data.len() as u64,
+            needed: data.len() as u64 + 1,
+            available: data.len() as u64,
         })?;
-        let s = std::str::from_utf8(&rest[..n]).map_err(|_| bad("text argument is not UTF-8"))?;
-        self.pos += n + 1;
-        Ok(s)
+        let line = &self.cur.take(n + 1)?[..n];
+        std::str::from_utf8(line).map_err(|_| bad("text argument is not UTF-8"))
     }
 
     fn alloc(&mut self, o: Obj) -> usize {
@@ -322,16 +206,16 @@ impl Machine<'_> {
 
     fn run(&mut self) -> Result<usize, DecodeError> {
         loop {
-            let op = self.u8()?;
+            let op = self.cur.u8()?;
             match op {
                 0x80 => {
-                    let proto = self.u8()?;
+                    let proto = self.cur.u8()?;
                     if proto > 5 {
                         return Err(bad(format!("pickle protocol {proto} is newer than 5")));
                     }
                 }
                 0x95 => {
-                    self.u64()?; // FRAME: a length hint; frames are transparent.
+                    self.cur.u64()?; // FRAME: a length hint; frames are transparent.
                 }
                 b'.' => {
                     let r = self.pop()?;
@@ -364,15 +248,15 @@ impl Machine<'_> {
                     self.push(o);
                 }
                 b'J' => {
-                    let v = i32::from_le_bytes(self.take(4)?.try_into().expect("4"));
+                    let v = i32::from_le_bytes(self.cur.array()?);
                     self.push(Obj::Int(v.into()));
                 }
                 b'K' => {
-                    let v = self.u8()?;
+                    let v = self.cur.u8()?;
                     self.push(Obj::Int(v.into()));
                 }
                 b'M' => {
-                    let v = self.u16()?;
+                    let v = self.cur.u16()?;
                     self.push(Obj::Int(v.into()));
                 }
                 b'L' => {
@@ -381,8 +265,8 @@ impl Machine<'_> {
                     self.push(Obj::Int(v));
                 }
                 0x8a | 0x8b => {
-                    let n = if op == 0x8a { self.u8()? as usize } else { self.u32()? as usize };
-                    let bytes = self.take(n)?;
+                    let n = if op == 0x8a { self.cur.u8()? as usize } else { self.cur.u32()? as usize };
+                    let bytes = self.cur.take(n)?;
                     let v = long_le(bytes)?;
                     self.push(Obj::Int(v));
                 }
@@ -391,16 +275,16 @@ impl Machine<'_> {
                     self.push(Obj::Float(s.trim().parse().map_err(|_| bad(format!("bad FLOAT {s:?}")))?));
                 }
                 b'G' => {
-                    let v = f64::from_be_bytes(self.take(8)?.try_into().expect("8"));
+                    let v = f64::from_be_bytes(self.cur.array()?);
                     self.push(Obj::Float(v));
                 }
                 b'X' | 0x8c | 0x8d => {
                     let n = match op {
-                        b'X' => self.u32()? as usize,
-                        0x8c => self.u8()? as usize,
+                        b'X' => self.cur.u32()? as usize,
+                        0x8c => self.cur.u8()? as usize,
                         _ => self.len64()?,
                     };
-                    let s = std::str::from_utf8(self.take(n)?).map_err(|_| bad("string is not UTF-8"))?.to_string();
+                    let s = std::str::from_utf8(self.cur.take(n)?).map_err(|_| bad("string is not UTF-8"))?.to_string();
                     self.push(Obj::Str(s));
                 }
                 b'V' => {
@@ -409,17 +293,17 @@ impl Machine<'_> {
                 }
                 b'T' | b'U' => {
                     // Python 2 str: bytes.
-                    let n = if op == b'T' { self.u32()? as usize } else { self.u8()? as usize };
-                    let b = self.take(n)?.to_vec();
+                    let n = if op == b'T' { self.cur.u32()? as usize } else { self.cur.u8()? as usize };
+                    let b = self.cur.take(n)?.to_vec();
                     self.push(Obj::Bytes(b));
                 }
                 b'B' | b'C' | 0x8e | 0x96 => {
                     let n = match op {
-                        b'B' => self.u32()? as usize,
-                        b'C' => self.u8()? as usize,
+                        b'B' => self.cur.u32()? as usize,
+                        b'C' => self.cur.u8()? as usize,
                         _ => self.len64()?,
                     };
-                    let b = self.take(n)?.to_vec();
+                    let b = self.cur.take(n)?.to_vec();
                     self.push(Obj::Bytes(b));
                 }
                 b')' => self.push(Obj::Tuple(vec![])),
@@ -479,11 +363,11 @@ impl Machine<'_> {
                     self.memo_put(k)?;
                 }
                 b'q' => {
-                    let k = self.u8()?.into();
+                    let k = self.cur.u8()?.into();
                     self.memo_put(k)?;
                 }
                 b'r' => {
-                    let k = self.u32()?;
+                    let k = self.cur.u32()?;
                     self.memo_put(k)?;
                 }
                 0x94 => {
@@ -496,11 +380,11 @@ impl Machine<'_> {
                     self.memo_get(k)?;
                 }
                 b'h' => {
-                    let k = self.u8()?.into();
+                    let k = self.cur.u8()?.into();
                     self.memo_get(k)?;
                 }
                 b'j' => {
-                    let k = self.u32()?;
+                    let k = self.cur.u32()?;
                     self.memo_get(k)?;
                 }
                 b'c' => {
@@ -548,7 +432,7 @@ impl Machine<'_> {
                 0x8f..=0x91 => return Err(bad("sets are not used by torch.save")),
                 0x97 | 0x98 => return Err(bad("out-of-band buffers are not supported")),
                 other => {
-                    return Err(bad(format!("unknown opcode {other:#04x} at byte {}", self.pos - 1)));
+                    return Err(bad(format!("unknown opcode {other:#04x} at byte {}", self.cur.pos() - 1)));
                 }
             }
         }

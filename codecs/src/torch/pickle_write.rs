@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::torch::pickle::{PickleValue, TensorRef, storage_class};
+use crate::torch::pickle_model::{PickleValue, TensorRef, storage_class};
 
 /// Writes pickles (protocol 2) the way `torch.save` does.
 pub struct PickleWriter {

@@ -14,7 +14,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::codec::{DecodeError, DecodeLimits};
+use crate::error::DecodeError;
+use crate::limits::DecodeLimits;
+use crate::torch::cursor::Cursor;
 
 const LFH_SIG: u32 = 0x0403_4b50;
 const CDH_SIG: u32 = 0x0201_4b50;
@@ -27,37 +29,6 @@ const ZIP64_EXTRA: u16 = 0x0001;
 
 fn malformed(reason: impl Into<String>) -> DecodeError {
     DecodeError::Malformed { format: "torch zip archive", reason: reason.into() }
-}
-
-/// Little-endian reads with bounds checks.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn at(buf: &'a [u8], pos: usize) -> Self {
-        Self { buf, pos }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or(DecodeError::Truncated {
-            what: "zip record",
-            needed: (self.pos as u64).saturating_add(n as u64),
-            available: self.buf.len() as u64,
-        })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
 }
 
 /// One stored entry of an archive.
@@ -89,7 +60,7 @@ pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, De
         return Err(malformed(format!("{count} entries cannot fit in a {cd_size} byte central directory")));
     }
     let mut entries = Vec::with_capacity(count as usize);
-    let mut c = Cursor::at(&buf[..cd_end as usize], cd_offset as usize);
+    let mut c = Cursor::at("zip record", &buf[..cd_end as usize], cd_offset as usize);
     for _ in 0..count {
         if c.u32()? != CDH_SIG {
             return Err(malformed("bad central directory record signature"));
@@ -114,13 +85,13 @@ pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, De
         let extra = c.take(extra_len)?;
         c.take(comment_len)?;
         // Zip64 extra: the 8-byte values of fields set to 0xFFFFFFFF, in order.
-        let mut e = Cursor::at(extra, 0);
-        while e.pos + 4 <= extra.len() {
+        let mut e = Cursor::at("zip record", extra, 0);
+        while e.pos() + 4 <= extra.len() {
             let id = e.u16()?;
             let len = e.u16()? as usize;
             let body = e.take(len)?;
             if id == ZIP64_EXTRA {
-                let mut z = Cursor::at(body, 0);
+                let mut z = Cursor::at("zip record", body, 0);
                 if usize_ == 0xFFFF_FFFF {
                     usize_ = z.u64()?;
                 }
@@ -152,7 +123,7 @@ pub fn read_entries(buf: &Bytes, limits: &DecodeLimits) -> Result<Vec<Entry>, De
 /// Offset of an entry's data: after its local header, name and extra field.
 fn local_data_start(buf: &[u8], lfh_offset: u64, name: &str) -> Result<u64, DecodeError> {
     let off = usize::try_from(lfh_offset).map_err(|_| malformed("local header offset overflows"))?;
-    let mut c = Cursor::at(buf, off);
+    let mut c = Cursor::at("zip record", buf, off);
     if c.u32()? != LFH_SIG {
         return Err(malformed(format!("entry {name}: no local header at offset {lfh_offset}")));
     }
@@ -174,7 +145,7 @@ fn find_central_directory(buf: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
         .rev()
         .find(|&i| buf[i..i + 4] == EOCD_SIG.to_le_bytes())
         .ok_or_else(|| malformed("no end of central directory record (not a zip file, or truncated)"))?;
-    let mut c = Cursor::at(buf, eocd + 4);
+    let mut c = Cursor::at("zip record", buf, eocd + 4);
     let _disk = c.u16()?;
     let _cd_disk = c.u16()?;
     let _n_disk = c.u16()?;
@@ -182,11 +153,11 @@ fn find_central_directory(buf: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
     let size = c.u32()?;
     let offset = c.u32()?;
     if eocd >= 20 && buf[eocd - 20..eocd - 16] == ZIP64_LOC_SIG.to_le_bytes() {
-        let mut l = Cursor::at(buf, eocd - 16);
+        let mut l = Cursor::at("zip record", buf, eocd - 16);
         let _disk = l.u32()?;
         let z_off = l.u64()?;
         let z = usize::try_from(z_off).map_err(|_| malformed("zip64 end record offset overflows"))?;
-        let mut r = Cursor::at(buf, z);
+        let mut r = Cursor::at("zip record", buf, z);
         if r.u32()? != ZIP64_EOCD_SIG {
             return Err(malformed("zip64 locator points at no zip64 end record"));
         }

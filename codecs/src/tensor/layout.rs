@@ -1,0 +1,43 @@
+//! Shape arithmetic shared by the tensor model and the decoders: element
+//! counts, row-major strides, byte sizes and the storage extent of a view,
+//! all checked for overflow.
+
+use crate::dtype::DType;
+use crate::tensor::error::TensorError;
+
+/// Number of elements of `shape`, or None on overflow.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// Row-major (C order) strides of `shape`, in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1usize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d.max(1));
+    }
+    strides
+}
+
+/// Bytes needed for `shape` of `dtype`, checked for overflow.
+pub fn byte_size(dtype: DType, shape: &[usize]) -> Result<usize, TensorError> {
+    checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.itemsize()))
+        .ok_or_else(|| TensorError::Overflow { dtype, shape: shape.to_vec() })
+}
+
+/// Storage bytes a strided view reaches: `(offset + Σ(dᵢ-1)·sᵢ + 1) × itemsize`,
+/// or 0 for an empty view.
+pub fn view_extent(dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> Result<usize, TensorError> {
+    if byte_size(dtype, shape)? == 0 {
+        return Ok(0);
+    }
+    let overflow = || TensorError::Overflow { dtype, shape: shape.to_vec() };
+    let mut last = offset;
+    for (&d, &s) in shape.iter().zip(strides) {
+        last = (d - 1).checked_mul(s).and_then(|x| x.checked_add(last)).ok_or_else(overflow)?;
+    }
+    last.checked_add(1).and_then(|x| x.checked_mul(dtype.itemsize())).ok_or_else(overflow)
+}
