@@ -16,10 +16,10 @@ mod ratio;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use tensorwire::Client;
 use harness::{
     RawSocket, ServerThread, bench_server, call_round_trips, fetch_time, raw_copy, raw_round_trips, send_time,
 };
+use tensorwire::Client;
 
 fn server(scheme: &str) -> ServerThread {
     let url = match scheme {

@@ -149,9 +149,9 @@ pub use config::{
     DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig, VERSION,
 };
 pub use error::{CallError, Code, Status};
+pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};
 #[cfg(feature = "metrics")]
 pub use observe::metrics::MetricsEndpoint;
-pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};
 pub use observe::stats::{Histogram, Statistics};
 pub use pipeline::tensors::{TensorSink, TensorStream};
 pub use pipeline::wire::PROTOCOL_VERSION;

@@ -45,7 +45,7 @@ fn write_seed_corpus() {
     use bytes::BytesMut;
     use prost::Message;
     use tensorwire::codecs::compress::{Compression, Compressor};
-    use tensorwire::codecs::torch::{self, SaveOptions, Value};
+    use tensorwire::codecs::torch::{self, Object, SaveOptions};
     use tensorwire::codecs::{DType, Tensor, safetensors};
     use tensorwire_proto::v1::{self, FrameHeader, frame_header::Kind};
     use tensorwire_transports::mux::frame::{self, Head, Kind as MuxKind};
@@ -56,7 +56,7 @@ fn write_seed_corpus() {
     };
     let join = |segs: Vec<bytes::Bytes>| segs.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>();
     let t = Tensor::from_vec([2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
-    let sd = Value::state_dict([
+    let sd = Object::state_dict([
         ("w", t.clone()),
         ("wt", t.transpose(0, 1).unwrap()),
         ("u", Tensor::from_vec([2], vec![1u16, 2]).unwrap()),

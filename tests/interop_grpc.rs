@@ -260,8 +260,7 @@ async fn auth_token_is_checked_on_every_grpc_call() {
     let ep = tensorwire_transports::Endpoint::parse(&url).unwrap();
     let conn = tensorwire_transports::connect(&ep, &Default::default()).await.unwrap();
     let (mut tx, mut rx) = conn.open(tensorwire_transports::StreamKind::Call).await.unwrap();
-    let req =
-        tensorwire_proto::v1::Request { method: tensorwire_proto::v1::Method::Info as i32, ..Default::default() };
+    let req = tensorwire_proto::v1::Request { method: tensorwire_proto::v1::Method::Info as i32, ..Default::default() };
     let kind = tensorwire_proto::v1::frame_header::Kind::Request(Box::new(req));
     tx.send_last(tensorwire_transports::Frame::header_only(tensorwire_transports::FrameHeader::new(kind)))
         .await

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::python::{python, run};
 use serde_json::{Value as Json, json};
 use tensorwire::builtins::random_tensor;
-use tensorwire::codecs::torch::{self, SaveOptions, Value};
+use tensorwire::codecs::torch::{self, Object, SaveOptions};
 use tensorwire::codecs::{DecodeError, DecodeLimits, safetensors};
 use tensorwire::{DType, Tensor};
 
@@ -89,7 +89,7 @@ fn files_written_by_tensorwire_load_in_torch() {
     };
     for (i, dtype) in DType::ALL.into_iter().enumerate() {
         let t = random_tensor(dtype, &[3, 4], i as u64).unwrap();
-        write(&format!("{dtype}.pt"), torch::save(&Value::Tensor(t.clone()), &SaveOptions::default()).unwrap());
+        write(&format!("{dtype}.pt"), torch::save(&Object::Tensor(t.clone()), &SaveOptions::default()).unwrap());
         manifest.insert(format!("{dtype}.pt"), json!({ "": describe(&t) }));
     }
     // A state dict with shared storage, a transposed view and an offset slice.
@@ -101,7 +101,7 @@ fn files_written_by_tensorwire_load_in_torch() {
         ("cols".to_string(), w.narrow(1, 1, 2).unwrap()),
         ("bias".to_string(), random_tensor(DType::BFloat16, &[6], 101).unwrap()),
     ];
-    let value = Value::state_dict(sd.iter().cloned());
+    let value = Object::state_dict(sd.iter().cloned());
     write(
         "state_dict.pt",
         torch::save(&value, &SaveOptions { archive_name: "state_dict".into(), ..Default::default() }).unwrap(),

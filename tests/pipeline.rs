@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use common::*;
 use tensorwire::builtins::random_tensor;
-use tensorwire_proto::v1::{self, frame_header::Kind};
-use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind};
 use tensorwire::{
     Args, CallError, Client, ClientConfig, Code, CodecKind, Compression, CompressionMode, DType, Encoding,
     FetchRequest, Limits, ServerConfig, Tensor,
 };
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind};
 
 mod suite {
     use super::*;
@@ -340,6 +340,32 @@ mod suite {
         let client = Client::connect(&server.url()).await.unwrap();
         assert!(client.health().await.unwrap());
     }
+
+    /// Progress counts every payload byte once, as chunks move, at any chunk
+    /// size (here 64 KiB: a tensor of many chunks, one of one chunk).
+    pub async fn progress_counts_every_payload_byte(scheme: &str) {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let cfg = ClientConfig {
+            encoding: Encoding { chunk_size: 64 << 10, ..Encoding::default() },
+            progress: Some(progress.clone()),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+        let tensors = vec![
+            random_tensor(DType::UInt8, &[(1 << 20) + 1], 1).unwrap().with_name("p-mib"),
+            random_tensor(DType::UInt8, &[100], 2).unwrap().with_name("p-small"),
+            random_tensor(DType::Float32, &[5 << 18], 3).unwrap().with_name("p-5mib"),
+        ];
+        let total: u64 = tensors.iter().map(|t| t.nbytes() as u64).sum();
+        client.send(tensors.clone()).await.unwrap();
+        let load = || progress.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(load(), total, "bytes sent");
+        for t in &tensors {
+            assert_same(t, &client.fetch_one(t.name().unwrap()).await.unwrap());
+        }
+        assert_eq!(load(), 2 * total, "bytes sent and received");
+    }
 }
 
 macro_rules! transport_suite {
@@ -364,6 +390,8 @@ macro_rules! transport_suite {
             async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() { suite::bad_input_gets_clear_errors_and_the_server_keeps_serving($scheme).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn blocking_client_and_fetch_by_shape() { suite::blocking_client_and_fetch_by_shape($scheme).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn progress_counts_every_payload_byte() { suite::progress_counts_every_payload_byte($scheme).await }
         }
     )*};
 }

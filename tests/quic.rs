@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::pki::pki;
 use common::*;
 use tensorwire::builtins::random_tensor;
+use tensorwire::{Client, ClientConfig, DType, FetchRequest, ServerConfig, TransportConfig};
 use tensorwire_transports::config::{Congestion, TlsConfig};
 use tensorwire_transports::{self as transports, Endpoint};
-use tensorwire::{Client, ClientConfig, DType, FetchRequest, ServerConfig, TransportConfig};
 
 fn server_config(tls: TlsConfig) -> ServerConfig {
     ServerConfig { transport: TransportConfig { tls, ..TransportConfig::default() }, ..ServerConfig::default() }

@@ -23,13 +23,16 @@ fi
 export TENSORWIRE_PYTHON="$venv/bin/python"
 export TENSORWIRE_REQUIRE_PYTHON=1
 
-echo "== Rust tests (workspace)"
+echo "== structure: no import cycle between the files of any crate"
+python3 tools/import_cycles.py
+
+echo "== Rust tests (workspace; feature fuzzing replays the fuzz corpus)"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --features fuzzing --no-fail-fast "$@"
   cargo test --workspace --doc --quiet
   echo "== GPU code (feature cuda): builds everywhere; tests skip with a reason where there is no CUDA"
-  cargo nextest run -p tensorwire --features cuda --lib --no-fail-fast -E 'test(cuda::) | test(stream::)'
+  cargo nextest run -p tensorwire --features cuda --lib --no-fail-fast -E 'test(cuda::) | test(pipeline::)'
   cargo build --features cuda --example gpu_bench
 else
-  cargo test --workspace "$@"
+  cargo test --workspace --features fuzzing "$@"
 fi

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use tensorwire::builtins::random_tensor;
+use tensorwire::{Client, DType, ServerConfig, Tensor};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind};
-use tensorwire::{Client, DType, ServerConfig, Tensor};
 
 /// Environment variable that makes `child_process_client` act (it is run
 /// by `a_killed_peer_leaves_nothing_behind` as a separate process).

@@ -130,5 +130,4 @@ impl Client {
     pub async fn exchange_all(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, CallError> {
         self.exchange(futures_util::stream::iter(inputs)).await?.collect_all().await
     }
-
 }

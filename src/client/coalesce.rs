@@ -13,8 +13,8 @@
 //! one is being served, the next batch fills up.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,6 @@ pub(crate) struct FnQueue {
 pub(crate) struct Coalescer {
     queues: Mutex<HashMap<String, Arc<FnQueue>>>,
 }
-
 
 impl Coalescer {
     fn queue(&self, function: &str, max_batch: usize) -> Arc<FnQueue> {

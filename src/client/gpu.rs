@@ -16,11 +16,7 @@ impl Client {
     /// chunk (double-buffered), and each chunk goes on the wire while the
     /// next is being copied.
     #[cfg(feature = "cuda")]
-    pub async fn send_gpu(
-        &self,
-        gpu: &Arc<Gpu>,
-        tensors: Vec<Arc<DeviceTensor>>,
-    ) -> Result<SendSummary, CallError> {
+    pub async fn send_gpu(&self, gpu: &Arc<Gpu>, tensors: Vec<Arc<DeviceTensor>>) -> Result<SendSummary, CallError> {
         let (mut w, mut r, started) = self.begin_send().await?;
         for d in tensors {
             let (tx, mut rx) = tokio::sync::mpsc::channel(2);
@@ -62,11 +58,7 @@ impl Client {
     /// copied host→device through `gpu`'s pinned buffers (the host copy of
     /// each chunk overlapping the DMA of the previous one).
     #[cfg(feature = "cuda")]
-    pub async fn fetch_to_gpu(
-        &self,
-        gpu: &Arc<Gpu>,
-        request: FetchRequest,
-    ) -> Result<Vec<DeviceTensor>, CallError> {
+    pub async fn fetch_to_gpu(&self, gpu: &Arc<Gpu>, request: FetchRequest) -> Result<Vec<DeviceTensor>, CallError> {
         let host = self.fetch(request).await?;
         let g = gpu.clone();
         tokio::task::spawn_blocking(move || host.iter().map(|t| g.upload(t)).collect::<Result<Vec<_>, _>>())
@@ -74,5 +66,4 @@ impl Client {
             .map_err(|e| CallError::InvalidArgument(format!("GPU copy task failed: {e}")))?
             .map_err(|e| CallError::InvalidArgument(e.to_string()))
     }
-
 }

@@ -190,7 +190,6 @@ impl Client {
     }
 }
 
-
 fn task_state(t: Option<&v1::TaskStatus>) -> Result<TaskState, CallError> {
     use v1::TaskState as W;
     let t = t.ok_or_else(|| CallError::Protocol { peer: String::new(), reason: "reply without task status".into() })?;
@@ -206,7 +205,13 @@ fn task_state(t: Option<&v1::TaskStatus>) -> Result<TaskState, CallError> {
 /// The coalescer's wire calls are not counted in the statistics: it counts
 /// each caller's logical call instead.
 impl WireCall for Client {
-    async fn call_raw(&self, function: &str, inputs: Vec<Tensor>, args: Args, examples: usize) -> Result<Output, CallError> {
+    async fn call_raw(
+        &self,
+        function: &str,
+        inputs: Vec<Tensor>,
+        args: Args,
+        examples: usize,
+    ) -> Result<Output, CallError> {
         self.call_inner(function, &inputs, &args, &CallOptions::default(), examples, false).await
     }
 

@@ -26,10 +26,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::util::sync::lock;
 use bytes::Bytes;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
 use tensorwire_codecs::{DType, Device, Tensor};
-use crate::util::sync::lock;
 
 /// Why a GPU operation failed.
 #[derive(Debug, thiserror::Error)]

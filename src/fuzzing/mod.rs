@@ -10,7 +10,7 @@ use prost::Message;
 use tensorwire_codecs::compress::{Compression, Decompressor};
 use tensorwire_codecs::{DecodeLimits, safetensors, torch};
 use tensorwire_proto::v1::{FrameHeader, frame_header::Kind};
-use tensorwire_transports::mux::frame::{Decoder, Limits};
+use tensorwire_transports::mux::frame::{Decoder, FrameLimits};
 
 use crate::pipeline::chunk::{Assembly, ReassemblyLimits, Step};
 
@@ -67,15 +67,39 @@ pub fn zstd(data: &[u8]) {
     decompress(data, Compression::Zstd(3));
 }
 
-/// The mux frame decoder, fed in two arbitrary splits.
+/// The mux frame decoder, driven two ways: whole frames from a buffer fed
+/// in two arbitrary splits ([`Decoder::decode`]), and the way the
+/// connection's reader drives it (`transports/src/mux/reader.rs`): heads
+/// from the buffer, payload bytes partly taken from the buffer and partly
+/// "read past it" straight into their destination.
 pub fn mux_frames(data: &[u8]) {
-    let mut dec = Decoder::new(Limits { max_meta: 1 << 16, max_payload: 1 << 20 });
+    let limits = FrameLimits { max_meta: 1 << 16, max_payload: 1 << 20 };
+    let mut dec = Decoder::new(limits);
     let split = data.first().map_or(0, |&b| usize::from(b)).min(data.len());
     let mut buf = BytesMut::new();
     for part in [&data[..split], &data[split..]] {
         buf.extend_from_slice(part);
         while let Ok(Some(f)) = dec.decode(&mut buf) {
             let _ = FrameHeader::decode(f.meta);
+        }
+    }
+    let (mut buf, mut rest) = (BytesMut::from(&data[..split]), &data[split..]);
+    let mut dec = Decoder::new(limits);
+    loop {
+        match dec.decode_head(&mut buf) {
+            Ok(Some(f)) => {
+                let _ = FrameHeader::decode(f.meta);
+                let _ = dec.take_payload(&mut buf);
+                let n = dec.payload_remaining().min(rest.len());
+                rest = &rest[n..];
+                dec.payload_read(n);
+            }
+            Ok(None) if !rest.is_empty() => {
+                let n = rest.len().min(4096);
+                buf.extend_from_slice(&rest[..n]);
+                rest = &rest[n..];
+            }
+            _ => break,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::{Bytes, BytesMut};
 use tensorwire_codecs::Tensor;
-use tensorwire_codecs::torch::{self, SaveOptions, Value as TorchValue};
+use tensorwire_codecs::torch::{self, Object as TorchObject, SaveOptions};
 use tensorwire_proto::compat::TensorChunk;
 
 use crate::config::Limits;
@@ -150,7 +150,7 @@ pub(crate) fn decode_tensor(bytes: Bytes, limits: &Limits) -> Result<Tensor, Sta
     let v = torch::load(bytes, &limits.decode_limits())
         .map_err(|e| Status::new(Code::InvalidArgument, format!("not a torch.save() file: {e}")))?;
     match v {
-        TorchValue::Tensor(t) => Ok(t),
+        TorchObject::Tensor(t) => Ok(t),
         other => match other.as_tensor() {
             Some(t) => Ok(t.clone()),
             None => Err(Status::new(Code::InvalidArgument, "the torch.save() data does not hold one tensor")),
@@ -169,7 +169,7 @@ fn random_id() -> String {
 /// `chunk` bytes; the first carries the seed's metadata.
 pub(crate) fn encode_chunks(t: &Tensor, chunk: usize) -> Result<Vec<TensorChunk>, Status> {
     let chunk = chunk.max(1);
-    let pieces = torch::save(&TorchValue::Tensor(t.clone()), &SaveOptions::default())
+    let pieces = torch::save(&TorchObject::Tensor(t.clone()), &SaveOptions::default())
         .map_err(|e| Status::new(Code::Internal, format!("torch.save encoding failed: {e}")))?;
     let size: usize = pieces.iter().map(Bytes::len).sum();
     // Large pieces are sliced (no copy); small ones are gathered.

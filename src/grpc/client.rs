@@ -14,7 +14,6 @@ use super::status::from_tonic;
 use crate::config::{ClientConfig, Limits};
 use crate::error::CallError;
 
-
 /// What a skytorch server answers to [`CompatClient::send_tensors`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompatResponse {
@@ -57,10 +56,7 @@ impl CompatClient {
     /// chunk size and auth token (sent as `authorization: Bearer …`).
     pub async fn connect_with(url: &str, config: &ClientConfig) -> Result<Self, CallError> {
         let ep = Endpoint::parse(url).map_err(ConnectError::from)?;
-        if !matches!(
-            ep.scheme(),
-Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix
-        ) {
+        if !matches!(ep.scheme(), Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix) {
             return Err(CallError::Unsupported(format!(
                 "the skytorch protocol is gRPC: use grpc://, grpcs:// or grpc+unix://, not {}://",
                 ep.scheme()

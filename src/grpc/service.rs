@@ -92,10 +92,7 @@ impl Compat {
     fn check_auth<T>(&self, req: &Request<T>) -> Result<(), tonic::Status> {
         let Some(token) = &self.inner.config.auth_token else { return Ok(()) };
         let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if given
-            .strip_prefix("Bearer ")
-            .is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
-        {
+        if given.strip_prefix("Bearer ").is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             Ok(())
         } else {
             Err(tonic::Status::unauthenticated("missing or wrong auth token (metadata authorization: Bearer …)"))
@@ -261,4 +258,3 @@ impl CompatApi for Compat {
         Ok(Response::new(drain(output, self.chunk_size())))
     }
 }
-

@@ -2,7 +2,6 @@
 
 use crate::error::{CallError, Code, Status};
 
-
 pub(crate) fn to_tonic(s: &Status) -> tonic::Status {
     use tonic::Code as T;
     let code = match s.code {
@@ -46,4 +45,3 @@ pub(crate) fn from_tonic(s: &tonic::Status) -> Status {
 pub(crate) fn call_status(e: CallError) -> tonic::Status {
     to_tonic(&Status::from(e))
 }
-

@@ -1,10 +1,10 @@
 //! Call statistics (the split-learning seed's `get_statistics`), and a small
 //! log-bucketed latency histogram for p50/p99 without storing samples.
 
-use std::sync::{Arc, Mutex};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use crate::util::sync::lock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Latency histogram: 8 buckets per power of two from 1 µs to ~1 hour,
 /// so percentiles are within ~9% of the true value and memory is fixed.

@@ -183,7 +183,6 @@ mod tests {
     use crate::pipeline::link::SharedCaps;
     use crate::pipeline::pipe::pipe;
     use crate::pipeline::writer::FrameWriter;
-    use tensorwire_codecs::DType;
 
     /// A tensor whose payload arrives in uneven pieces (as from GPU staging
     /// buffers) is chunked as it comes and reassembled bit-exact.

@@ -1,6 +1,5 @@
 //! Conversions between the codec crate's types and the wire schema.
 
-
 use tensorwire_codecs::{CodecKind, Compression, DType, Device, TensorInfo};
 use tensorwire_proto::v1;
 

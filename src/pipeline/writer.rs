@@ -14,7 +14,9 @@ use tensorwire_transports::{Frame, FrameHeader, SendStream};
 use super::chunk::Chunker;
 use super::link::{LinkEstimator, SharedCaps};
 use super::wire::{codec_to_wire, compression_to_wire, info_to_wire};
-use crate::config::{AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES};
+use crate::config::{
+    AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
+};
 use crate::error::CallError;
 
 /// Sends frames and tensors on one stream.

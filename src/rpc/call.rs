@@ -177,4 +177,3 @@ impl CallContext {
         self.cancel.cancelled().await;
     }
 }
-

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::error::Status;
+use crate::rpc::call::Cancellation;
 use crate::rpc::call::{Call, Output};
 use crate::rpc::function::Function;
-use crate::rpc::call::Cancellation;
 use crate::util::sync::lock;
 
 /// Task retention settings.
@@ -66,7 +66,6 @@ pub(crate) struct TaskManager {
     config: TaskConfig,
     tasks: Arc<Mutex<HashMap<String, Entry>>>,
 }
-
 
 impl TaskManager {
     pub(crate) fn new(config: TaskConfig) -> Self {

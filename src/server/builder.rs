@@ -176,4 +176,3 @@ impl Server {
         Ok(RunningServer::new(self.inner, endpoints, tasks, releases))
     }
 }
-

@@ -8,19 +8,19 @@ use tensorwire_codecs::{Compression, available_codecs};
 use tensorwire_proto::v1::{self, Method, frame_header::Kind};
 use tensorwire_transports::{Incoming, StreamKind};
 
+use crate::config::VERSION;
 use crate::error::{Code, Status};
-use crate::rpc::call::Call;
-use crate::server::state::{ServerInner, Session};
-use crate::rpc::call::{CallContext, Cancellation, FetchRequest};
 use crate::pipeline::link::PeerCaps;
 use crate::pipeline::reader::{FrameReader, Item};
 use crate::pipeline::tensors::{TensorSink, TensorStream, apply_response_encoding};
+use crate::pipeline::wire::PROTOCOL_VERSION;
+use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
+use crate::rpc::call::Call;
+use crate::rpc::call::{CallContext, Cancellation, FetchRequest};
 use crate::rpc::tasks::TaskState;
 use crate::rpc::value::Args;
-use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
-use crate::config::VERSION;
-use crate::pipeline::wire::PROTOCOL_VERSION;
+use crate::server::state::{ServerInner, Session};
 use crate::util::sync::lock;
 
 pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {

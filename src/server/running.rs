@@ -118,8 +118,7 @@ impl RunningServer {
     }
 
     fn close_all(&self) {
-        let conns: Vec<_> =
-            lock(&self.inner.conns).drain().map(|(_, c)| c).collect();
+        let conns: Vec<_> = lock(&self.inner.conns).drain().map(|(_, c)| c).collect();
         for c in conns {
             c.close("server shutting down");
         }
@@ -134,4 +133,3 @@ impl Drop for RunningServer {
         }
     }
 }
-

@@ -100,4 +100,3 @@ impl Session {
         lock(&self.caps).clone()
     }
 }
-

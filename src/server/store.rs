@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use tensorwire_codecs::{DType, Tensor};
 
-use crate::rpc::builtins::random_tensor;
 use crate::error::Status;
+use crate::pipeline::tensors::{TensorSink, TensorStream};
+use crate::rpc::builtins::random_tensor;
 use crate::rpc::call::{CallContext, FetchRequest, SendSummary};
 use crate::server::service::TensorService;
-use crate::pipeline::tensors::{TensorSink, TensorStream};
 use crate::util::sync::{read, write};
 
 /// Keeps tensors in memory by name, up to a byte budget.

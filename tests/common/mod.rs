@@ -6,8 +6,8 @@ pub mod python;
 
 use std::path::PathBuf;
 
-use tensorwire::builtins::{builtin_functions, random_tensor};
 use tensorwire::StoreService;
+use tensorwire::builtins::{builtin_functions, random_tensor};
 use tensorwire::{DType, RunningServer, Server, ServerBuilder, ServerConfig, Tensor};
 
 /// A listen URL for `scheme` on loopback (Unix sockets in a fresh temp dir).

@@ -38,6 +38,7 @@ pub mod mux;
 pub mod quic;
 #[cfg(feature = "shm")]
 pub mod shm;
+mod sync;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 #[cfg(feature = "tls")]

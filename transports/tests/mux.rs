@@ -281,7 +281,7 @@ async fn goaways(s: &mut tokio::net::TcpStream) -> Vec<String> {
     let mut all = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all)).await;
     let mut out = vec![];
-    let mut dec = frame::Decoder::new(frame::Limits { max_meta: 1 << 20, max_payload: 1 << 26 });
+    let mut dec = frame::Decoder::new(frame::FrameLimits { max_meta: 1 << 20, max_payload: 1 << 26 });
     let mut buf = BytesMut::from(&all[frame::PREFACE_LEN.min(all.len())..]);
     while let Ok(Some(f)) = dec.decode(&mut buf) {
         if f.head.kind == Kind::GoAway {

@@ -4,11 +4,11 @@
 //! alternates with its baseline over several rounds and reports medians,
 //! because loopback timings on shared machines are noisy.
 
-use clap::Args as ClapArgs;
 use crate::harness::{
     RawSocket, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
     function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time,
 };
+use clap::Args as ClapArgs;
 use tensorwire::{Client, ClientConfig, Server};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use tensorwire::codecs::torch::{self, SaveOptions, Value};
+use tensorwire::codecs::torch::{self, Object, SaveOptions};
 use tensorwire::codecs::{DecodeLimits, safetensors};
 use tensorwire::parse_shape;
 use tensorwire::{DType, Tensor};
@@ -61,8 +61,8 @@ pub fn write_tensors(path: &Path, named: &[(String, Tensor)]) -> Result<(), BoxE
         safetensors::save(named, None)?
     } else {
         let value = match named {
-            [(_, t)] => Value::Tensor(t.clone()),
-            many => Value::state_dict(many.iter().map(|(k, t)| (k.clone(), t.clone()))),
+            [(_, t)] => Object::Tensor(t.clone()),
+            many => Object::state_dict(many.iter().map(|(k, t)| (k.clone(), t.clone()))),
         };
         let archive = path.file_stem().and_then(|s| s.to_str()).unwrap_or("archive").to_string();
         torch::save(&value, &SaveOptions { archive_name: archive, ..SaveOptions::default() })?

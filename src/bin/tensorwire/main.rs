@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use tensorwire::builtins::{builtin_functions, random_tensor};
-use tensorwire::{StoreService, parse_shape};
 use tensorwire::{
     Args, Client, ClientConfig, CodecKind, CompressionMode, DType, Encoding, Server, ServerConfig, Tensor,
     TransportConfig,
 };
+use tensorwire::{StoreService, parse_shape};
 
 #[derive(Parser, Debug)]
 #[command(name = "tensorwire", version, about = "Move tensors between processes and machines", long_about = None)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tensorwire_proto::v1;
-use tensorwire_proto::v1::tensor_service_server::{TensorService, TensorServiceServer};
+use tensorwire_proto::v1::tensor_service_server::{TensorService as GrpcTensorService, TensorServiceServer};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::io::Io;
 use super::settings::{H2, message_limit, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
+use crate::sync::lock;
 use crate::{
     AcceptError, Connection, ConnectionInfo, Endpoint, Incoming, ListenError, Listener, Scheme, StreamError,
     StreamKind, TransportConfig, tls,
@@ -67,10 +68,10 @@ impl Connection for ServerConn {
             return;
         }
         tracing::debug!(endpoint = %self.info.peer, reason, "gRPC server stopping");
-        if let Some(h) = self.acceptor.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(h) = lock(&self.acceptor).take() {
             h.abort();
         }
-        if let Some(p) = self.cleanup.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(p) = lock(&self.cleanup).take() {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -121,7 +122,7 @@ impl Service {
 }
 
 #[tonic::async_trait]
-impl TensorService for Service {
+impl GrpcTensorService for Service {
     async fn handshake(&self, req: Request<v1::Frame>) -> Result<Response<v1::Frame>, Status> {
         let rx = self.start(StreamKind::Handshake, Source::One(Some(req.into_inner()))).await?;
         Self::unary_reply(rx).await
@@ -339,7 +340,7 @@ impl Listener for GrpcListener {
         let (conn, server) = (self.shared.clone(), self.server.clone());
         Some(Box::pin(async move {
             conn.wait_closed().await;
-            let handle = server.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let handle = lock(&server).take();
             if let Some(mut h) = handle {
                 // Graceful: GOAWAY, then in-flight calls end. A client that
                 // keeps a call open does not hold the server forever.

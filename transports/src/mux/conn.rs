@@ -14,9 +14,10 @@ use tokio::sync::{Notify, mpsc};
 
 use super::frame::{self, Head, Kind, PREFACE_LEN, Preface, code};
 use super::handles::{MuxRecv, MuxSend};
-use super::shared::{ConnState, Shared, lock};
+use super::shared::{ConnState, Shared};
 use super::state::Streams;
 use super::writer::{self, MuxWrite, Out, Writer};
+use crate::sync::lock;
 use crate::{Connection, ConnectionInfo, Incoming, RecvStream, SendStream, StreamError, StreamKind, TransportConfig};
 
 pub use super::state::Role;
@@ -111,7 +112,7 @@ where
         peer: info.peer,
         transport: info.transport,
         local: info.local,
-        limits: frame::Limits { max_meta: config.max_header_bytes, max_payload: config.max_frame_payload },
+        limits: frame::FrameLimits { max_meta: config.max_header_bytes, max_payload: config.max_frame_payload },
         my_window: config.stream_window,
         peer_window: theirs.stream_window,
         peer_max_payload: theirs.max_frame_payload,

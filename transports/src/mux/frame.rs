@@ -182,7 +182,7 @@ impl Head {
 
     /// Parses and checks a head against the limits (before anything is
     /// allocated for its meta or payload).
-    pub fn decode(b: &[u8; HEAD_LEN], limits: &Limits) -> Result<Head, FrameError> {
+    pub fn decode(b: &[u8; HEAD_LEN], limits: &FrameLimits) -> Result<Head, FrameError> {
         let mut s = &b[..];
         let stream = s.get_u32_le();
         let kind_byte = s.get_u8();
@@ -215,7 +215,7 @@ impl Head {
 
 /// Size limits applied to incoming frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
+pub struct FrameLimits {
     /// Largest meta section.
     pub max_meta: u32,
     /// Largest DATA payload.
@@ -261,7 +261,7 @@ enum State {
 /// through the buffer:
 ///
 /// 1. [`decode_head`](Self::decode_head) checks the head against the
-///    [`Limits`] (before anything is allocated) and returns it with its
+///    [`FrameLimits`] (before anything is allocated) and returns it with its
 ///    meta;
 /// 2. the payload ([`payload_remaining`](Self::payload_remaining) bytes)
 ///    is then taken from the buffer with
@@ -274,7 +274,7 @@ enum State {
 /// frames.
 #[derive(Debug)]
 pub struct Decoder {
-    limits: Limits,
+    limits: FrameLimits,
     state: State,
     /// The frame [`decode`](Self::decode) is collecting the payload of.
     pending: Option<FrameStart>,
@@ -282,7 +282,7 @@ pub struct Decoder {
 
 impl Decoder {
     /// A decoder enforcing `limits`.
-    pub fn new(limits: Limits) -> Self {
+    pub fn new(limits: FrameLimits) -> Self {
         Self { limits, state: State::Head, pending: None }
     }
 
@@ -392,7 +392,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const LIMITS: Limits = Limits { max_meta: 1 << 16, max_payload: 1 << 20 };
+    const LIMITS: FrameLimits = FrameLimits { max_meta: 1 << 16, max_payload: 1 << 20 };
 
     fn frames() -> Vec<(Head, Vec<u8>, Vec<u8>)> {
         vec![

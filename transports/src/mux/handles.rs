@@ -13,9 +13,10 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use super::frame::code;
-use super::shared::{Event, Shared, StreamShared, lock};
+use super::shared::{Event, Shared, StreamShared};
 use super::state::SendPoll;
 use super::writer::Out;
+use crate::sync::lock;
 use crate::{Frame, Placement, Received, RecvStream, SendStream, StreamError};
 
 /// The sending half of a mux stream.

@@ -36,4 +36,4 @@ mod writer;
 
 pub use conn::{EstablishError, MuxConnection, SocketInfo, establish};
 pub use state::Role;
-pub use writer::MuxWrite;
+pub use writer::{MuxWrite, QueuedWrite};

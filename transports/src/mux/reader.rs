@@ -23,9 +23,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::frame::{Decoder, FrameStart, HEAD_LEN, Head, Kind, code};
 use super::handles::{MuxRecv, MuxSend};
-use super::shared::{Event, Shared, StreamShared, lock};
+use super::shared::{Event, Shared, StreamShared};
 use super::state::{Admit, Route, Violation, goaway_reason};
 use super::writer::Out;
+use crate::sync::lock;
 use crate::{FrameHeader, Incoming, Payload, Received, StreamError};
 
 /// Read buffer size: many small frames per read; payloads above this are

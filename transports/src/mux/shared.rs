@@ -8,7 +8,7 @@
 
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
@@ -16,6 +16,7 @@ use tokio::sync::{Notify, mpsc};
 use super::frame;
 use super::state::{StreamState, Streams};
 use super::writer::Writer;
+use crate::sync::lock;
 use crate::{Incoming, Placement, Received, StreamError};
 
 /// What the reader hands a stream's receiving handle.
@@ -68,7 +69,7 @@ pub(crate) struct Shared {
     pub(crate) peer: String,
     pub(crate) transport: &'static str,
     pub(crate) local: bool,
-    pub(crate) limits: frame::Limits,
+    pub(crate) limits: frame::FrameLimits,
     pub(crate) my_window: u32,
     pub(crate) peer_window: u32,
     pub(crate) peer_max_payload: u32,
@@ -83,12 +84,6 @@ pub(crate) struct Shared {
     /// Bytes of delivered, unconsumed frames.
     pub(crate) buffered: AtomicU64,
     pub(crate) budget_notify: Notify,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding these locks would be a bug in this module; the
-    // data stays consistent enough to report errors, so don't propagate poison.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {

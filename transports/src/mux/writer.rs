@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 
 use super::frame::{FLAG_FIN, HEAD_LEN, Head, Kind};
 use crate::FrameHeader;
+use crate::sync::lock;
 
 /// Payloads up to this size are copied into the scratch buffer, so a batch
 /// of small frames is one contiguous write.
@@ -54,6 +55,54 @@ impl MuxWrite for tokio::net::tcp::OwnedWriteHalf {
 impl MuxWrite for tokio::net::unix::OwnedWriteHalf {
     fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.try_write_vectored(bufs)
+    }
+}
+
+/// Adapts any `AsyncWrite` to [`MuxWrite`], for byte-stream transports of
+/// your own (a pipe, a tunnel, a TLS stream): every write then goes through
+/// the connection's writer task, never the direct path.
+#[derive(Debug)]
+pub struct QueuedWrite<W>(pub W);
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for QueuedWrite<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> MuxWrite for QueuedWrite<W> {
+    fn try_write_now(&self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
     }
 }
 
@@ -161,7 +210,7 @@ pub(crate) struct Writer {
 impl Writer {
     fn slot(&self) -> MutexGuard<'_, Slot> {
         // Nothing panics while holding the slot; ignore poison like the other mux locks.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.slot)
     }
 
     pub(crate) fn new(io: Box<dyn MuxWrite>) -> (Self, mpsc::UnboundedReceiver<Out>) {

@@ -30,6 +30,7 @@ use quinn::VarInt;
 use tokio::sync::Notify;
 
 use crate::StreamError;
+use crate::sync::lock;
 
 /// ALPN of stripe connections: never handed to the application as connections.
 pub const STRIPE_ALPN: &[u8] = b"tensorwire-stripe/1";
@@ -123,11 +124,11 @@ impl Group {
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, Vec<Option<quinn::Connection>>> {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.conns)
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.registry)
     }
 
     /// Slots, joined or not (the group size the client announced).
@@ -158,7 +159,7 @@ impl Group {
         if !(2..=MAX_STRIPES).contains(&count) {
             return Err(format!("a group of {count} connections (allowed: 2 to {MAX_STRIPES})"));
         }
-        let mut t = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = lock(&self.token);
         if t.is_some() {
             return Err("a second group announcement".into());
         }
@@ -169,7 +170,7 @@ impl Group {
 
     /// Joins a stripe connection at `index`.
     pub(crate) fn attach(&self, token: &Token, index: u8, conn: quinn::Connection) -> Result<(), String> {
-        if self.token.lock().unwrap_or_else(|e| e.into_inner()).as_ref() != Some(token) {
+        if lock(&self.token).as_ref() != Some(token) {
             return Err("wrong group token".into());
         }
         let mut conns = self.conns();
@@ -265,7 +266,7 @@ pub(crate) struct GroupIndex {
 
 impl GroupIndex {
     fn insert(&self, token: Token, g: &Arc<Group>) {
-        let mut m = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = lock(&self.groups);
         m.retain(|_, w| w.strong_count() > 0);
         m.insert(token, Arc::downgrade(g));
         drop(m);
@@ -280,7 +281,7 @@ impl GroupIndex {
             let notified = self.announced.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(g) = self.groups.lock().unwrap_or_else(|e| e.into_inner()).get(token).and_then(Weak::upgrade) {
+            if let Some(g) = lock(&self.groups).get(token).and_then(Weak::upgrade) {
                 return Some(g);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {

@@ -56,6 +56,7 @@ use self::segment::{
     MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, op, recv_with_fd, send_with_fd, seqpacket_pair,
 };
 use crate::config::ShmConfig;
+use crate::sync::lock;
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
     StreamError, StreamKind,
@@ -150,10 +151,6 @@ impl Owner for Shared {
         let Some(l) = lock(&self.lent).remove(&id) else { return };
         self.give_back(id, l.seg);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Segments are sized in whole MiB so that they fit the next tensors too.

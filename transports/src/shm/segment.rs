@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::sync::lock;
 use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
@@ -447,7 +448,7 @@ impl SideChannel {
         match (operation, fd) {
             (op::NEW, Some(fd)) => {
                 let seg = PeerSegment::map(&fd, self.max_segment).map_err(|e| format!("segment {id} refused: {e}"))?;
-                let mut segs = self.peer_segments.lock().unwrap_or_else(|e| e.into_inner());
+                let mut segs = lock(&self.peer_segments);
                 if segs.len() >= MAX_SEGMENTS && !segs.contains_key(&id) {
                     return Err(format!("more than {MAX_SEGMENTS} segments passed at once"));
                 }
@@ -458,7 +459,7 @@ impl SideChannel {
             (op::TAKEN, None) => owner.taken(id),
             (op::RELEASED, None) => owner.released(id),
             (op::FORGET, None) => {
-                self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                lock(&self.peer_segments).remove(&id);
             }
             _ => return Err(format!("unexpected side-channel operation {operation}")),
         }
@@ -529,7 +530,7 @@ impl SideChannel {
         // Tell the peer at once (it may still hold our end open otherwise).
         // SAFETY: shutdown on our own socket.
         unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
-        self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        lock(&self.peer_segments).clear();
         self.arrived.notify_waiters();
         reason
     }
@@ -542,7 +543,7 @@ impl SideChannel {
             let notified = self.arrived.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(s) = self.peer_segments.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            if let Some(s) = lock(&self.peer_segments).get(&id) {
                 break s.clone();
             }
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {

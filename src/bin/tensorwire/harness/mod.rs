@@ -337,8 +337,10 @@ impl ServerThread {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        let _ = ready_tx
-                            .send(Err(tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: url, source: e })));
+                        let _ = ready_tx.send(Err(tensorwire::ServeError::Listen(tensorwire::ListenError::Io {
+                            endpoint: url,
+                            source: e,
+                        })));
                         return;
                     }
                 };
@@ -355,7 +357,9 @@ impl ServerThread {
                     }
                 });
             })
-            .map_err(|e| tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: "thread".into(), source: e }))?;
+            .map_err(|e| {
+                tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: "thread".into(), source: e })
+            })?;
         let url = ready_rx.recv().map_err(|_| tensorwire::ServeError::NoListeners)??;
         Ok(ServerThread { url, stop: Some(stop_tx), join: Some(join) })
     }
