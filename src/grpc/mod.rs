@@ -1,7 +1,7 @@
 //! gRPC extras served beside `tensorwire.v1.TensorService` (which the
 //! `tensorwire-transports` crate carries like any other transport):
-//! health, reflection and the skytorch compat service ([`service`]), the
-//! skytorch chunk format ([`chunks`]), status mapping ([`status`]), and
+//! health, reflection and the skytorch compat service (`service.rs`), the
+//! skytorch chunk format (`chunks.rs`), status mapping (`status.rs`), and
 //! [`CompatClient`] for servers that speak the skytorch protocol.
 //!
 //! May import: `server::state` and `server::dispatch` (compat calls run

@@ -12,17 +12,17 @@
 //! adaptive windows off) move large messages at 0.1–0.3× of raw TCP. Both
 //! ends here use [`GrpcConfig`](crate::config::GrpcConfig): 16 MiB stream
 //! windows, 64 MiB connection windows and 1 MiB HTTP/2 frames. Message size
-//! limits follow the frame limits ([`TransportConfig::max_frame_payload`]
+//! limits follow the frame limits ([`TransportConfig::max_frame_payload`](crate::TransportConfig::max_frame_payload)
 //! plus header room), never tonic's hidden 4 MiB default.
 //!
 //! **Server.** A gRPC server is stateless: calls from every HTTP/2
-//! connection reach the pipeline as the streams of one [`Connection`] whose
-//! [`ConnectionInfo::stateless`] is true (the pipeline then checks
+//! connection reach the pipeline as the streams of one [`Connection`](crate::Connection) whose
+//! [`ConnectionInfo::stateless`](crate::ConnectionInfo::stateless) is true (the pipeline then checks
 //! authentication per call). Other tonic services (health, reflection, the
 //! skytorch compat service) are mounted beside it with [`listen_with`].
 //! Closing that connection stops the server gracefully (HTTP/2 GOAWAY).
 //!
-//! **Client.** One HTTP/2 connection per [`Connection`]; [`channel`] gives
+//! **Client.** One HTTP/2 connection per [`Connection`](crate::Connection); [`channel`] gives
 //! the raw [`GrpcChannel`] for tonic clients of other services.
 //!
 //! **TLS** (`grpcs://`) uses the same certificate options as QUIC
