@@ -33,8 +33,23 @@ pub const DEFAULT_SERVICE_NAME: &str = "tensorwire";
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time a graceful shutdown waits for calls in flight.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Default wrong auth tokens a peer (by IP) may present within
+/// [`AUTH_FAILURE_WINDOW`] before it is refused until the window passes.
+pub const DEFAULT_MAX_AUTH_FAILURES: u32 = 5;
+/// The window over which wrong auth tokens are counted.
+pub const AUTH_FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// How often expired task results are swept even when nobody asks.
 pub(crate) const TASK_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Half of this process's open-file limit (each connection holds at least
+/// one descriptor; shared memory ones several), at most 65,536: the default
+/// `max_connections`.
+pub fn default_max_connections() -> usize {
+    // SAFETY: getrlimit only writes the struct it is given.
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
+    (soft / 2).clamp(16, 65_536) as usize
+}
 
 // Tuning of the pipeline's hot paths (not settings: named here so they have
 // one home and a reason).
@@ -201,6 +216,17 @@ pub struct ServerConfig {
     pub service_name: String,
     /// When set, clients must present this token in the handshake.
     pub auth_token: Option<String>,
+    /// Wrong tokens a peer (by IP) may present within a minute before every
+    /// attempt of it is refused for the rest of that minute (default 5; 0:
+    /// no limit).
+    pub max_auth_failures: u32,
+    /// Most connections open at once (default: half the process's open-file
+    /// limit, at most 65,536). At the cap the oldest idle connection is
+    /// closed to make room; with none idle a new one is refused.
+    pub max_connections: usize,
+    /// Most connections open at once from one peer IP (local sockets count
+    /// as one peer; default: `max_connections`).
+    pub max_connections_per_peer: usize,
     /// Time a client has to complete the handshake (default 10 s).
     pub handshake_timeout: Duration,
     /// How long a graceful shutdown waits for calls in flight (default 30 s).
@@ -208,6 +234,12 @@ pub struct ServerConfig {
     /// Let transports write received chunks straight into the tensor buffer
     /// (default true).
     pub placement: bool,
+    /// The memory budget, in bytes, that every receive buffer (tensors in
+    /// flight and everything holding them: the store, batch queues, task
+    /// results, compat reassembly) is reserved from before it is allocated
+    /// (default: half of this machine's memory). Over it, calls fail with
+    /// `RESOURCE_EXHAUSTED` before their bytes are read.
+    pub max_memory_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -219,9 +251,13 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             service_name: DEFAULT_SERVICE_NAME.into(),
             auth_token: None,
+            max_auth_failures: DEFAULT_MAX_AUTH_FAILURES,
+            max_connections: default_max_connections(),
+            max_connections_per_peer: default_max_connections(),
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             placement: true,
+            max_memory_bytes: crate::pipeline::budget::default_limit(),
         }
     }
 }

@@ -261,6 +261,11 @@ pub enum CallError {
         /// The limit.
         limit: u64,
     },
+    /// Memory for what was received (or is to be received) could not be
+    /// had: the memory budget is spent or the allocator failed. Nothing of
+    /// the tensor was kept.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// The call took longer than its timeout.
     #[error("call timed out after {0:?}")]
     Timeout(Duration),
@@ -283,6 +288,7 @@ impl CallError {
             CallError::Decode(e) => CallError::Decode(e.clone()),
             CallError::Limit { what, size, limit } => CallError::Limit { what, size: *size, limit: *limit },
             CallError::Timeout(d) => CallError::Timeout(*d),
+            CallError::OutOfMemory(m) => CallError::OutOfMemory(m.clone()),
             CallError::Unsupported(m) => CallError::Unsupported(m.clone()),
             CallError::InvalidArgument(m) => CallError::InvalidArgument(m.clone()),
             CallError::Connect(e) => CallError::Remote(Status::unavailable(e.to_string())),
@@ -309,6 +315,7 @@ impl CallError {
             CallError::Decode(e) => Status::from(e.clone()).code,
             CallError::Encode(_) | CallError::InvalidArgument(_) => Code::InvalidArgument,
             CallError::Limit { .. } => Code::LimitExceeded,
+            CallError::OutOfMemory(_) => Code::ResourceExhausted,
             CallError::Timeout(_) => Code::DeadlineExceeded,
             CallError::Unsupported(_) => Code::Unimplemented,
         }

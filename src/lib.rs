@@ -153,6 +153,7 @@ pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};
 #[cfg(feature = "metrics")]
 pub use observe::metrics::MetricsEndpoint;
 pub use observe::stats::{Histogram, Statistics};
+pub use pipeline::budget::{MemoryBudget, OverBudget, Reclaimer, Reservation};
 pub use pipeline::tensors::{TensorSink, TensorStream};
 pub use pipeline::wire::PROTOCOL_VERSION;
 pub use rpc::batch::BatchConfig;
@@ -165,7 +166,7 @@ pub use rpc::value::{Args, Value};
 pub use server::builder::{ServeError, Server, ServerBuilder};
 pub use server::running::RunningServer;
 pub use server::service::{EchoService, TensorService};
-pub use server::store::{StoreService, parse_shape};
+pub use server::store::{EvictPolicy, StoreService, parse_shape};
 
 /// The tensor model and the file formats (torch.save, safetensors) and
 /// compressors: the `tensorwire-codecs` crate.

@@ -282,6 +282,10 @@ impl Client {
         let started = Instant::now();
         let timeout = opts.timeout.or(self.inner.config.timeout);
         let mut retries = 0;
+        // What went wrong first: the cause a caller wants to see when the
+        // retries fail too (they often fail only because of it: a server
+        // that reset the call and is now gone refuses the retry).
+        let mut first: Option<CallError> = None;
         loop {
             let sent = Arc::new(Sent::default());
             let fut = async {
@@ -308,12 +312,17 @@ impl Client {
                         if let Some(d) = self.inner.config.retry.delay(retries, &e) {
                             self.inner.stats.retries.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!(error = %e, retry = retries, delay = ?d, "retrying");
+                            first.get_or_insert(e);
                             tokio::time::sleep(d).await;
                             continue;
                         }
                     }
                     if record {
                         self.inner.stats.record(false, started.elapsed(), None);
+                    }
+                    if let Some(cause) = first {
+                        tracing::debug!(last = %e, retries, "the retries failed too; reporting the first error");
+                        return Err(cause);
                     }
                     return Err(e);
                 }

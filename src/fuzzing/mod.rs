@@ -12,6 +12,7 @@ use tensorwire_codecs::{DecodeLimits, safetensors, torch};
 use tensorwire_proto::v1::{FrameHeader, frame_header::Kind};
 use tensorwire_transports::mux::frame::{Decoder, FrameLimits};
 
+use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::chunk::{Assembly, ReassemblyLimits, Step};
 
 /// Limits small enough that a fuzzer cannot exhaust memory through them.
@@ -108,7 +109,7 @@ pub fn mux_frames(data: &[u8]) {
 /// drives: a length-prefixed sequence of `FrameHeader`s, each followed by a
 /// payload of the declared length.
 pub fn reassembly(data: &[u8]) {
-    let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 20 });
+    let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 20 }, Some(MemoryBudget::new(4 << 20)));
     let mut rest = data;
     while let [len, tail @ ..] = rest {
         let n = usize::from(*len).min(tail.len());
@@ -136,7 +137,7 @@ pub fn reassembly(data: &[u8]) {
 pub fn compat_chunks(data: &[u8]) {
     use tensorwire_proto::compat::TensorChunk;
     let limits = crate::Limits { max_tensor_bytes: 64 << 20, ..Default::default() };
-    let mut asm = crate::grpc::chunks::Assembler::new(limits.max_tensor_bytes);
+    let mut asm = crate::grpc::chunks::Assembler::new(limits.max_tensor_bytes, Some(&MemoryBudget::new(128 << 20)));
     let mut rest = data;
     while rest.len() >= 2 {
         let n = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);

@@ -13,13 +13,17 @@ use tensorwire_proto::compat::TensorChunk;
 
 use crate::config::Limits;
 use crate::error::{Code, Status};
+use crate::pipeline::budget::{MemoryBudget, Reservation};
 
 /// Reassembles `TensorChunk`s (in any order, interleaved between tensors)
 /// into the `torch.save()` bytes of each tensor, within byte limits.
 pub(crate) struct Assembler {
     partial: HashMap<String, Partial>,
     max_bytes: u64,
+    /// Bytes buffered, each chunk counted with [`CHUNK_OVERHEAD`].
     buffered: u64,
+    /// `buffered`, held against the server's memory budget.
+    held: Option<Reservation>,
 }
 
 #[derive(Default)]
@@ -45,10 +49,17 @@ const MAX_CHUNKS: usize = 1 << 20;
 /// Tensors being reassembled at once on one call, at most.
 const MAX_PARTIAL: usize = 256;
 
+/// What one buffered chunk costs beyond its data (its map node and `Bytes`
+/// handle, and the allocator's rounding), so a peer sending 1-byte chunks
+/// is charged for what it really makes the server hold.
+const CHUNK_OVERHEAD: u64 = 128;
+
 impl Assembler {
-    /// Buffers at most `max_bytes` (per tensor and in all).
-    pub(crate) fn new(max_bytes: u64) -> Self {
-        Self { partial: HashMap::new(), max_bytes, buffered: 0 }
+    /// Buffers at most `max_bytes` (per tensor and in all, overhead
+    /// counted), reserved from `budget` when given.
+    pub(crate) fn new(max_bytes: u64, budget: Option<&MemoryBudget>) -> Self {
+        let held = budget.map(|b| b.try_reserve(0, "compat reassembly").expect("zero bytes always fit"));
+        Self { partial: HashMap::new(), max_bytes, buffered: 0, held }
     }
 
     /// Adds a chunk; returns a tensor's id, bytes and first-chunk metadata
@@ -68,7 +79,8 @@ impl Assembler {
             return Err(bad(format!("tensor {}: chunk {} has no data", c.tensor_id, c.chunk_number)));
         }
         let len = c.data.len() as u64;
-        if self.buffered + len > self.max_bytes {
+        let cost = len + CHUNK_OVERHEAD;
+        if self.buffered + cost > self.max_bytes {
             return Err(Status::new(
                 Code::ResourceExhausted,
                 format!(
@@ -76,6 +88,9 @@ impl Assembler {
                     c.tensor_id, self.max_bytes
                 ),
             ));
+        }
+        if let Some(h) = &mut self.held {
+            h.grow(cost, "compat reassembly").map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
         }
         let id = c.tensor_id;
         let p = self.partial.entry(id.clone()).or_default();
@@ -106,21 +121,24 @@ impl Assembler {
         if p.metadata.is_empty() {
             p.metadata = c.metadata;
         }
-        p.bytes += len;
-        self.buffered += len;
+        p.bytes += cost;
+        self.buffered += cost;
         let expected = p.total.or(p.last.and_then(|l| l.checked_add(1)));
         if expected != Some(p.chunks.len() as u32) {
             return Ok(None);
         }
         let p = self.partial.remove(&id).unwrap_or_default();
         self.buffered -= p.bytes;
+        if let Some(h) = &mut self.held {
+            h.shrink(p.bytes);
+        }
         if p.chunks.keys().copied().ne(0..p.chunks.len() as u32) {
             return Err(bad(format!("tensor {id}: chunk numbers are not 0..{}", p.chunks.len())));
         }
         let bytes = if p.chunks.len() == 1 {
             p.chunks.into_values().next().unwrap_or_default()
         } else {
-            let mut b = BytesMut::with_capacity(p.bytes as usize);
+            let mut b = BytesMut::with_capacity(p.chunks.values().map(Bytes::len).sum());
             for v in p.chunks.values() {
                 b.extend_from_slice(v);
             }
@@ -238,7 +256,7 @@ mod tests {
 
     #[test]
     fn out_of_order_interleaved_chunks_reassemble() {
-        let mut a = Assembler::new(1 << 20);
+        let mut a = Assembler::new(1 << 20, None);
         assert!(a.push(chunk("x", 1, 3, b"bb")).unwrap().is_none());
         assert!(a.push(chunk("y", 0, 1, b"yy")).unwrap().is_some_and(|a| &a.bytes[..] == b"yy" && a.id == "y"));
         assert!(a.push(chunk("x", 2, 3, b"c")).unwrap().is_none());
@@ -249,7 +267,7 @@ mod tests {
 
     #[test]
     fn bad_chunks_are_refused() {
-        let mut a = Assembler::new(4);
+        let mut a = Assembler::new(2 * (1 + CHUNK_OVERHEAD), None);
         assert_eq!(a.push(chunk("", 0, 1, b"a")).unwrap_err().code, Code::InvalidArgument);
         assert_eq!(a.push(chunk("x", 5, 3, b"a")).unwrap_err().code, Code::InvalidArgument);
         assert!(a.push(chunk("x", 0, 3, b"a")).unwrap().is_none());
@@ -257,6 +275,24 @@ mod tests {
         assert_eq!(a.push(chunk("x", 1, 4, b"a")).unwrap_err().code, Code::InvalidArgument);
         assert_eq!(a.push(chunk("x", 1, 3, b"aaaa")).unwrap_err().code, Code::ResourceExhausted);
         assert!(a.finish().unwrap_err().message.contains("incomplete"));
+    }
+
+    #[test]
+    fn one_budget_bounds_every_call_and_counts_the_overhead() {
+        let budget = MemoryBudget::new(3 * (100 + CHUNK_OVERHEAD));
+        let mut a = Assembler::new(1 << 20, Some(&budget));
+        let mut b = Assembler::new(1 << 20, Some(&budget));
+        assert!(a.push(chunk("x", 0, 3, &[1; 100])).unwrap().is_none());
+        assert!(a.push(chunk("x", 1, 3, &[1; 100])).unwrap().is_none());
+        assert_eq!(budget.used(), 2 * (100 + CHUNK_OVERHEAD));
+        let e = b.push(chunk("y", 0, 3, &[1; 200])).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+        assert!(b.push(chunk("y", 0, 3, &[1; 100])).unwrap().is_none());
+        drop(a);
+        assert_eq!(budget.used(), 100 + CHUNK_OVERHEAD, "a dropped call gives its reservation back");
+        assert!(b.push(chunk("y", 1, 3, &[1; 1])).unwrap().is_none());
+        assert!(b.push(chunk("y", 2, 3, &[1; 1])).unwrap().is_some());
+        assert_eq!(budget.used(), 0, "a finished tensor leaves the reassembly budget");
     }
 
     #[test]
@@ -271,7 +307,7 @@ mod tests {
         assert_eq!(m["device"], "cpu");
         let size: usize = cs.iter().map(|c| c.data.len()).sum();
         assert_eq!(m["size_bytes"], size.to_string());
-        let mut a = Assembler::new(1 << 30);
+        let mut a = Assembler::new(1 << 30, None);
         let mut out = None;
         for c in cs.into_iter().rev() {
             out = a.push(c).unwrap().or(out);

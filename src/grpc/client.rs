@@ -99,7 +99,7 @@ impl CompatClient {
     }
 
     async fn collect(&self, mut s: Streaming<TensorChunk>) -> Result<Vec<Tensor>, CallError> {
-        let mut asm = Assembler::new(self.limits.max_tensor_bytes);
+        let mut asm = Assembler::new(self.limits.max_tensor_bytes, None);
         let mut out = Vec::new();
         while let Some(c) = s.message().await.map_err(|e| CallError::Remote(from_tonic(&e)))? {
             if let Some(a) = asm.push(c).map_err(CallError::Remote)? {

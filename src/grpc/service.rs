@@ -25,19 +25,20 @@ use tensorwire_proto::compat::{TensorChunk, TensorRequest, TensorResponse};
 use tensorwire_proto::v1::{self, Method, frame_header::Kind};
 use tensorwire_transports::grpc::{self as tgrpc, Routes};
 use tensorwire_transports::{ConnectionInfo, Endpoint, Incoming, ListenError, Listener, StreamKind};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Streaming};
 
 use super::chunks::{Assembler, decode_tensor, encode_chunks};
 use super::status::{call_status, to_tonic};
 use crate::config::{Encoding, Limits};
+use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
 use crate::pipeline::pipe::pipe;
 use crate::pipeline::reader::FrameReader;
 use crate::pipeline::tensors::TensorStream;
 use crate::pipeline::writer::FrameWriter;
-use crate::server::dispatch::{constant_time_eq, handle_stream};
+use crate::server::dispatch::handle_stream;
 use crate::server::state::{ServerInner, Session};
 
 /// The gRPC service names reported by the health service.
@@ -90,13 +91,12 @@ struct Piped {
 
 impl Compat {
     fn check_auth<T>(&self, req: &Request<T>) -> Result<(), tonic::Status> {
-        let Some(token) = &self.inner.config.auth_token else { return Ok(()) };
         let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if given.strip_prefix("Bearer ").is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            Ok(())
-        } else {
-            Err(tonic::Status::unauthenticated("missing or wrong auth token (metadata authorization: Bearer …)"))
-        }
+        let given = given.strip_prefix("Bearer ").unwrap_or("");
+        self.inner
+            .auth
+            .check(&Self::peer(req), given)
+            .map_err(|s| tonic::Status::unauthenticated(format!("{} (metadata authorization: Bearer …)", s.message)))
     }
 
     fn chunk_size(&self) -> usize {
@@ -121,6 +121,8 @@ impl Compat {
             handshaken: AtomicBool::new(true),
             caps: Mutex::new(SharedCaps::default()),
             link: Arc::new(LinkEstimator::default()),
+            active: std::sync::atomic::AtomicU32::new(1),
+            since: std::time::Instant::now(),
         });
         let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
         tokio::spawn(handle_stream(self.inner.clone(), session, inc));
@@ -146,8 +148,9 @@ async fn feed(
     mut chunks: Streaming<TensorChunk>,
     writer: &mut FrameWriter,
     limits: &Limits,
+    budget: &MemoryBudget,
 ) -> Result<u64, tonic::Status> {
-    let mut asm = Assembler::new(limits.max_tensor_bytes);
+    let mut asm = Assembler::new(limits.max_tensor_bytes, Some(budget));
     let mut n = 0;
     while let Some(c) = chunks.message().await? {
         if let Some(a) = asm.push(c).map_err(|s| to_tonic(&s))? {
@@ -164,12 +167,18 @@ async fn feed(
     Ok(n)
 }
 
-/// Streams a call's output tensors as compat chunks.
-fn drain(mut output: TensorStream, chunk: usize) -> ChunkStream {
+/// Streams a call's output tensors as compat chunks. When the call failed
+/// because its input could not be decoded, `why` carries the decoder's
+/// reason, which the caller sees instead of the bare reset it caused.
+fn drain(mut output: TensorStream, chunk: usize, mut why: Option<oneshot::Receiver<tonic::Status>>) -> ChunkStream {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         while let Some(t) = output.next().await {
-            let chunks = t.map_err(call_status).and_then(|t| encode_chunks(&t, chunk).map_err(|s| to_tonic(&s)));
+            let t = t.map_err(|e| match why.as_mut().and_then(|w| w.try_recv().ok()) {
+                Some(reason) => reason,
+                None => call_status(e),
+            });
+            let chunks = t.and_then(|t| encode_chunks(&t, chunk).map_err(|s| to_tonic(&s)));
             match chunks {
                 Ok(cs) => {
                     for c in cs {
@@ -198,7 +207,7 @@ impl CompatApi for Compat {
         let peer = Self::peer(&req);
         let request = v1::Request { method: Method::Send as i32, ..Default::default() };
         let Piped { mut writer, mut output } = self.start(StreamKind::Send, peer, request).await?;
-        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits).await;
+        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits, &self.inner.budget).await;
         if fed.is_err() {
             // The handler must not take a cut-off stream for a complete one.
             writer.reset(1);
@@ -234,7 +243,7 @@ impl CompatApi for Compat {
         let request = v1::Request { method: Method::Fetch as i32, params, ..Default::default() };
         let Piped { mut writer, output } = self.start(StreamKind::Fetch, peer, request).await?;
         writer.finish().await.map_err(call_status)?;
-        Ok(Response::new(drain(output, self.chunk_size())))
+        Ok(Response::new(drain(output, self.chunk_size(), None)))
     }
 
     type StreamTensorsStream = ChunkStream;
@@ -248,13 +257,17 @@ impl CompatApi for Compat {
         let request = v1::Request { method: Method::Exchange as i32, ..Default::default() };
         let Piped { mut writer, output } = self.start(StreamKind::Exchange, peer, request).await?;
         let limits = self.inner.config.limits.clone();
+        let budget = self.inner.budget.clone();
         let chunks = req.into_inner();
+        let (why_tx, why_rx) = oneshot::channel();
         tokio::spawn(async move {
-            if let Err(e) = feed(chunks, &mut writer, &limits).await {
+            if let Err(e) = feed(chunks, &mut writer, &limits, &budget).await {
                 tracing::debug!(error = %e, "compat StreamTensors input failed");
+                // The reason first, then the reset that ends the call.
+                let _ = why_tx.send(e);
                 writer.reset(1);
             }
         });
-        Ok(Response::new(drain(output, self.chunk_size())))
+        Ok(Response::new(drain(output, self.chunk_size(), Some(why_rx))))
     }
 }

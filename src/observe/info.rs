@@ -77,6 +77,12 @@ pub struct ServiceInfo {
     pub active_calls: u64,
     /// Per-function statistics.
     pub functions: Vec<FunctionStatistics>,
+    /// The memory budget every receive buffer is reserved from, in bytes.
+    pub memory_limit: u64,
+    /// Bytes reserved from it now.
+    pub memory_used: u64,
+    /// Reservations refused (RESOURCE_EXHAUSTED) since start.
+    pub memory_refused: u64,
 }
 
 impl ServiceInfo {
@@ -106,6 +112,9 @@ impl ServiceInfo {
                     total_time_us: f.total_time.as_micros() as u64,
                 })
                 .collect(),
+            memory_limit: self.memory_limit,
+            memory_used: self.memory_used,
+            memory_refused: self.memory_refused,
         }
     }
 
@@ -134,6 +143,9 @@ impl ServiceInfo {
                     total_time: Duration::from_micros(f.total_time_us),
                 })
                 .collect(),
+            memory_limit: w.memory_limit,
+            memory_used: w.memory_used,
+            memory_refused: w.memory_refused,
         }
     }
 }

@@ -18,6 +18,7 @@ use tensorwire_codecs::compress::Decompressor;
 use tensorwire_codecs::{Compression, Encoded};
 use tensorwire_proto::v1;
 
+use super::budget::{MemoryBudget, OverBudget, Reservation};
 use crate::pipeline::wire::compression_from_wire;
 
 /// Segments at most this long are merged with their neighbours (copying
@@ -134,6 +135,9 @@ pub enum ChunkError {
         /// Its declared size.
         size: u64,
     },
+    /// The tensor does not fit the memory budget (checked before allocating).
+    #[error(transparent)]
+    OverBudget(#[from] OverBudget),
     /// The tensor declares more than `max_tensor_bytes`.
     #[error("tensor {tensor_id} declares {size} bytes, above the limit of {limit} (max_tensor_bytes)")]
     TooLarge {
@@ -351,32 +355,63 @@ pub struct Assembly {
     reasm: Reassembler,
     dec: Decompressor,
     buf: Vec<u8>,
+    budget: Option<MemoryBudget>,
+    /// The budget held for the tensor in progress.
+    held: Option<Reservation>,
 }
 
 impl Assembly {
-    /// An assembly enforcing `limits`.
-    pub fn new(limits: ReassemblyLimits) -> Self {
-        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), buf: Vec::new() }
+    /// An assembly enforcing `limits`; with a `budget`, every tensor's
+    /// buffer is reserved from it before it is allocated, and stays
+    /// reserved until the last view of the tensor's bytes is dropped.
+    pub fn new(limits: ReassemblyLimits, budget: Option<MemoryBudget>) -> Self {
+        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), buf: Vec::new(), budget, held: None }
+    }
+
+    fn reserve(&mut self, n: usize) -> Result<Option<Reservation>, ChunkError> {
+        match &self.budget {
+            Some(b) => Ok(Some(b.try_reserve(n as u64, "tensor")?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The finished payload, carrying its reservation.
+    fn done(&mut self, data: Bytes) -> Bytes {
+        match self.held.take() {
+            Some(r) => r.attach(data),
+            None => data,
+        }
     }
 
     /// Feeds a chunk whose payload arrived in memory.
     pub fn push(&mut self, c: &v1::Chunk, payload: Bytes) -> Result<Step, ChunkError> {
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
+            self.held = self.reserve(plan.total)?;
             if plan.last && plan.compression == Compression::None {
-                return Ok(Step::Done(payload));
+                return Ok(Step::Done(self.done(payload)));
             }
             self.buf = try_zeroed(plan.total)
                 .ok_or(ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.total as u64 })?;
         }
         plan.write(&payload, &mut self.buf, &mut self.dec)?;
-        Ok(if plan.last { Step::Done(Bytes::from(std::mem::take(&mut self.buf))) } else { Step::More })
+        Ok(if plan.last {
+            let buf = Bytes::from(std::mem::take(&mut self.buf));
+            Step::Done(self.done(buf))
+        } else {
+            Step::More
+        })
     }
 
     /// Lends the partly filled buffer of the tensor in progress (for a
     /// transport to write chunks into); [`Assembly::finish_lent`] takes it back.
     pub fn lend(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.buf)
+    }
+
+    /// Takes back the lent buffer after the last chunk: the tensor's payload.
+    pub fn finish_lent(&mut self, buf: Vec<u8>) -> Bytes {
+        self.done(Bytes::from(buf))
     }
 
     /// Feeds a chunk whose payload arrived in memory while the buffer is
@@ -435,7 +470,7 @@ mod tests {
     }
 
     fn reassemble(chunks: &[(v1::Chunk, Bytes)], limit: u64) -> Result<Vec<u8>, ChunkError> {
-        let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: limit });
+        let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: limit }, None);
         let mut out = None;
         for (c, p) in chunks {
             if let Step::Done(b) = a.push(c, p.clone())? {

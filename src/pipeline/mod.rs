@@ -11,12 +11,14 @@
 //! - [`reader`]: `FrameReader`, the async driver that feeds arriving chunks to
 //!   the `Reassembler` (or lets the transport place them), checks and decodes.
 //! - [`tensors`]: `TensorStream` and `TensorSink`, the handles users see.
+//! - [`budget`]: the one memory budget every receive buffer is reserved from.
 //! - [`link`]: what a connection knows of its peer (limits, codecs) and link.
 //! - [`pipe`]: an in-process stream pair (gRPC compat calls, tests).
 //!
 //! May import: `config`, `error`, `util`, and the codecs, proto and
 //! transports crates. Nothing above it (rpc, client, server, grpc).
 
+pub(crate) mod budget;
 pub(crate) mod chunk;
 pub(crate) mod link;
 pub(crate) mod pipe;

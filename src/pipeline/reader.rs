@@ -10,6 +10,7 @@ use tensorwire_codecs::Tensor;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
 
+use super::budget::MemoryBudget;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
 use super::wire::{codec_from_wire, info_from_wire};
 use crate::config::Limits;
@@ -42,13 +43,19 @@ impl FrameReader {
         Self {
             recv,
             peer,
-            asm: Assembly::new(ReassemblyLimits { max_tensor_bytes: limits.max_tensor_bytes }),
+            asm: Assembly::new(ReassemblyLimits { max_tensor_bytes: limits.max_tensor_bytes }, None),
             limits,
             placement,
             tensors: 0,
             bytes: 0,
             progress: None,
         }
+    }
+
+    /// Reserves every tensor's buffer from `budget` before allocating it.
+    pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, Some(budget));
+        self
     }
 
     fn count_progress(&self, n: u64) {
@@ -66,6 +73,7 @@ impl FrameReader {
             ChunkError::TooLarge { size, limit, .. } => {
                 CallError::Limit { what: "tensor payload (max_tensor_bytes)", size, limit }
             }
+            e @ (ChunkError::OverBudget(_) | ChunkError::OutOfMemory { .. }) => CallError::OutOfMemory(e.to_string()),
             other => self.protocol(other.to_string()),
         }
     }
@@ -117,7 +125,8 @@ impl FrameReader {
         self.recv.place(None);
         let buf = placement.into_inner().await;
         result?;
-        self.finish_tensor(Bytes::from(buf))
+        let payload = self.asm.finish_lent(buf);
+        self.finish_tensor(payload)
     }
 
     /// The next frame, which must be a chunk of the tensor in progress.

@@ -116,7 +116,9 @@ fn elementwise_sum(ts: &[Tensor]) -> Result<Tensor, Status> {
 /// over their range, bools 0/1. Fast enough for gigabyte benchmarks.
 pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor, Status> {
     let n = tensorwire_codecs::tensor::byte_size(dtype, shape)?;
-    let mut buf = AlignedBuf::zeroed(n);
+    let mut buf = AlignedBuf::try_zeroed(n).ok_or_else(|| {
+        Status::resource_exhausted(format!("cannot allocate {n} bytes for a random {dtype} tensor of shape {shape:?}"))
+    })?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let b = buf.as_mut_slice();
     match dtype {

@@ -11,6 +11,7 @@ use tensorwire_codecs::Tensor;
 use tokio::sync::Notify;
 
 use super::value::{Args, Value};
+use crate::pipeline::budget::MemoryBudget;
 
 /// The inputs of one call.
 #[derive(Debug, Clone)]
@@ -132,6 +133,8 @@ pub struct CallContext {
     pub(crate) function: String,
     pub(crate) deadline: Option<Instant>,
     pub(crate) cancel: Cancellation,
+    pub(crate) max_tensor_bytes: u64,
+    pub(crate) budget: Option<MemoryBudget>,
 }
 
 impl CallContext {
@@ -143,7 +146,22 @@ impl CallContext {
             function: String::new(),
             deadline: None,
             cancel: Cancellation::default(),
+            max_tensor_bytes: crate::config::DEFAULT_MAX_TENSOR_BYTES,
+            budget: None,
         }
+    }
+
+    /// The largest tensor the server accepts (`Limits::max_tensor_bytes`):
+    /// what a handler that makes tensors from a caller's parameters should
+    /// check before allocating.
+    pub fn max_tensor_bytes(&self) -> u64 {
+        self.max_tensor_bytes
+    }
+
+    /// The server's memory budget, for handlers that hold memory of their
+    /// own on a caller's behalf (None outside a server).
+    pub fn budget(&self) -> Option<&MemoryBudget> {
+        self.budget.as_ref()
     }
 
     /// The caller's address.

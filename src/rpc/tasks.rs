@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::error::Status;
+use crate::pipeline::budget::{MemoryBudget, Reservation};
 use crate::rpc::call::Cancellation;
 use crate::rpc::call::{Call, Output};
 use crate::rpc::function::Function;
@@ -59,17 +60,20 @@ struct Entry {
     cancel: Cancellation,
     abort: Option<tokio::task::AbortHandle>,
     done: watch::Receiver<bool>,
+    /// The result's bytes, held against the memory budget until it expires.
+    _held: Option<Reservation>,
 }
 
 /// The server's tasks.
 pub(crate) struct TaskManager {
     config: TaskConfig,
     tasks: Arc<Mutex<HashMap<String, Entry>>>,
+    budget: MemoryBudget,
 }
 
 impl TaskManager {
-    pub(crate) fn new(config: TaskConfig) -> Self {
-        Self { config, tasks: Arc::new(Mutex::new(HashMap::new())) }
+    pub(crate) fn new(config: TaskConfig, budget: MemoryBudget) -> Self {
+        Self { config, tasks: Arc::new(Mutex::new(HashMap::new())), budget }
     }
 
     /// Drops finished tasks older than the ttl.
@@ -104,16 +108,30 @@ impl TaskManager {
                     cancel,
                     abort: None,
                     done: done_rx,
+                    _held: None,
                 },
             );
         }
         let tasks = self.tasks.clone();
+        let budget = self.budget.clone();
         let tid = id.clone();
         let handle = tokio::spawn(async move {
             if let Some(e) = lock(&tasks).get_mut(&tid) {
                 e.state = TaskState::Running;
             }
             let r = f.run(call).await;
+            // A result waits for its caller for up to the ttl: its bytes are
+            // held against the budget, or the task fails instead of keeping it.
+            let (r, held) = match r {
+                Ok(out) => {
+                    let n: u64 = out.tensors.iter().map(|t| t.nbytes() as u64).sum();
+                    match budget.try_reserve(n, "task result") {
+                        Ok(h) => (Ok(out), Some(h)),
+                        Err(e) => (Err(Status::resource_exhausted(e.to_string())), None),
+                    }
+                }
+                Err(s) => (Err(s), None),
+            };
             if let Some(e) = lock(&tasks).get_mut(&tid)
                 && e.state != TaskState::Cancelled
             {
@@ -122,6 +140,7 @@ impl TaskManager {
                     Err(s) => TaskState::Failed(s.to_string()),
                 };
                 e.result = Some(r);
+                e._held = held;
                 e.finished_at = Some(Instant::now());
             }
             let _ = done_tx.send(true);

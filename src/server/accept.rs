@@ -2,16 +2,19 @@
 //! mount health, reflection and the skytorch compat service), the accept
 //! loop, and the per-connection loop that hands each stream to the dispatcher.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Instant;
 
 #[cfg(feature = "grpc")]
 use tensorwire_transports::Scheme;
 use tensorwire_transports::{AcceptError, Connection, Endpoint, Incoming, ListenError, Listener};
 
+use super::auth::peer_key;
 use super::dispatch;
-use super::state::{ServerInner, Session};
+use super::state::{ConnEntry, ServerInner, Session};
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
 use crate::util::sync::lock;
 
@@ -41,16 +44,66 @@ pub(crate) async fn accept_loop(inner: Arc<ServerInner>, mut listener: Box<dyn L
     }
 }
 
+/// Admits a new connection within `max_connections` and
+/// `max_connections_per_peer`: when a cap is reached, the oldest idle
+/// connection (handshaken, no stream open) of the same scope is closed to
+/// make room; when none is idle, the new one is refused with the reason.
+fn admit(inner: &ServerInner, conns: &mut HashMap<u64, ConnEntry>, key: &str) -> Result<(), String> {
+    let cfg = &inner.config;
+    let total = conns.len();
+    let per_peer = conns.values().filter(|c| c.peer_key == key).count();
+    let scope = if per_peer >= cfg.max_connections_per_peer {
+        Some(true)
+    } else if total >= cfg.max_connections {
+        Some(false)
+    } else {
+        None
+    };
+    let Some(same_peer) = scope else { return Ok(()) };
+    let idle = conns
+        .iter()
+        .filter(|(_, c)| (!same_peer || c.peer_key == key) && c.session.active.load(Ordering::Acquire) == 0)
+        .filter(|(_, c)| c.session.handshaken.load(Ordering::Acquire))
+        .min_by_key(|(_, c)| c.session.since)
+        .map(|(id, _)| *id);
+    match idle {
+        Some(id) => {
+            if let Some(old) = conns.remove(&id) {
+                tracing::info!(peer = %old.session.info.peer, "closing an idle connection to make room for a new one");
+                old.conn.close("closed to make room for a new connection (this one was idle)");
+            }
+            Ok(())
+        }
+        None if same_peer => Err(format!(
+            "too many connections from {key}: {per_peer} open, the server allows {} per peer",
+            cfg.max_connections_per_peer
+        )),
+        None => Err(format!("too many connections: {total} open, the server allows {}", cfg.max_connections)),
+    }
+}
+
 async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
     let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
-    lock(&inner.conns).insert(id, conn.clone());
     let info = conn.info();
     let session = Arc::new(Session {
         info: info.clone(),
         handshaken: AtomicBool::new(info.stateless),
         caps: Mutex::new(SharedCaps::default()),
         link: Arc::new(LinkEstimator::default()),
+        active: AtomicU32::new(0),
+        since: Instant::now(),
     });
+    {
+        let key = peer_key(&info.peer);
+        let mut conns = lock(&inner.conns);
+        if let Err(reason) = admit(&inner, &mut conns, &key) {
+            drop(conns);
+            tracing::warn!(peer = %info.peer, %reason, "connection refused");
+            conn.close(&reason);
+            return;
+        }
+        conns.insert(id, ConnEntry { conn: conn.clone(), session: session.clone(), peer_key: key });
+    }
     if !info.stateless {
         // A client that never says Hello does not hold a connection forever.
         // (Weak: a closed connection must not be kept alive by this timer;
@@ -75,7 +128,12 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
                 break;
             }
         };
-        tokio::spawn(dispatch::handle_stream(inner.clone(), session.clone(), inc));
+        let (inner, session) = (inner.clone(), session.clone());
+        session.active.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            dispatch::handle_stream(inner, session.clone(), inc).await;
+            session.active.fetch_sub(1, Ordering::AcqRel);
+        });
     }
     lock(&inner.conns).remove(&id);
 }

@@ -14,12 +14,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::accept::{accept_loop, listen};
+use super::auth::Auth;
 use super::running::RunningServer;
 use super::service::{EchoService, TensorService};
 use super::state::ServerInner;
 use crate::config::ServerConfig;
 use crate::error::Status;
 use crate::observe::stats::ServerStats;
+use crate::pipeline::budget::MemoryBudget;
 use crate::rpc::call::{Cancellation, Output};
 use crate::rpc::function::{Function, Registry};
 use crate::rpc::tasks::{TaskConfig, TaskManager};
@@ -88,9 +90,14 @@ impl ServerBuilder {
 
     /// The server, ready to start.
     pub fn build(self) -> Server {
+        let budget = MemoryBudget::new(self.config.max_memory_bytes);
+        let service = self.service.clone();
+        budget.add_reclaimer(Arc::new(move |wanted| service.reclaim(wanted)));
         Server {
             inner: Arc::new(ServerInner {
-                tasks: TaskManager::new(self.tasks),
+                tasks: TaskManager::new(self.tasks, budget.clone()),
+                budget,
+                auth: Auth::new(self.config.auth_token.clone(), self.config.max_auth_failures),
                 config: self.config,
                 service: self.service,
                 functions: self.functions,

@@ -26,7 +26,8 @@ use crate::util::sync::lock;
 pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
     let _active = inner.begin_call();
     let Incoming { kind, send, recv } = inc;
-    let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement);
+    let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement)
+        .with_budget(inner.budget.clone());
     let mut writer = FrameWriter::new(
         send,
         inner.config.encoding.clone(),
@@ -62,10 +63,9 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     // Stateless transports (gRPC) bind no calls to a Hello: each call
     // carries the token itself.
     if sess.info.stateless
-        && let Some(token) = &inner.config.auth_token
-        && !constant_time_eq(req.auth_token.as_bytes(), token.as_bytes())
+        && let Err(s) = inner.auth.check(&sess.info.peer, &req.auth_token)
     {
-        return fail(&mut writer, Status::unauthenticated("missing or wrong auth token")).await;
+        return fail(&mut writer, s).await;
     }
     let method = Method::try_from(req.method).unwrap_or(Method::Unspecified);
     if !inner.serving.load(Ordering::Acquire) && !matches!(method, Method::Health | Method::Info) {
@@ -80,6 +80,8 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         function: req.function.clone(),
         deadline,
         cancel: Cancellation::default(),
+        max_tensor_bytes: inner.config.limits.max_tensor_bytes,
+        budget: Some(inner.budget.clone()),
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
     let work = run_method(&inner, method, req, &mut input, &mut writer, &ctx);
@@ -143,10 +145,8 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         );
         return fail(writer, s).await;
     }
-    if let Some(token) = &inner.config.auth_token
-        && !constant_time_eq(hello.auth_token.as_bytes(), token.as_bytes())
-    {
-        return fail(writer, Status::unauthenticated("missing or wrong auth token")).await;
+    if let Err(s) = inner.auth.check(&sess.info.peer, &hello.auth_token) {
+        return fail(writer, s).await;
     }
     // A stateless session is shared by every client: one client's
     // capabilities must not become everyone's.
@@ -174,10 +174,6 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
             .collect(),
     };
     let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
-}
-
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn inputs_of(input: &mut TensorStream) -> Result<Vec<tensorwire_codecs::Tensor>, Status> {

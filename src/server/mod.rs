@@ -13,6 +13,7 @@
 //! (for gRPC listeners) `grpc`. Nothing here is imported by `client`.
 
 pub(crate) mod accept;
+pub(crate) mod auth;
 pub(crate) mod builder;
 pub(crate) mod dispatch;
 pub(crate) mod running;

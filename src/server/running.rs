@@ -118,7 +118,7 @@ impl RunningServer {
     }
 
     fn close_all(&self) {
-        let conns: Vec<_> = lock(&self.inner.conns).drain().map(|(_, c)| c).collect();
+        let conns: Vec<_> = lock(&self.inner.conns).drain().map(|(_, c)| c.conn).collect();
         for c in conns {
             c.close("server shutting down");
         }

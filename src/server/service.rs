@@ -54,6 +54,14 @@ pub trait TensorService: Send + Sync + 'static {
         let _ = ctx;
         Ok(vec![tensor])
     }
+
+    /// Called when a reservation from the server's memory budget does not
+    /// fit: free about `wanted` bytes if the service can (a store evicting
+    /// by its policy) and return how many were freed. The default frees none.
+    fn reclaim(&self, wanted: u64) -> u64 {
+        let _ = wanted;
+        0
+    }
 }
 
 /// A service that counts what it is sent, serves no fetch, and echoes exchanges.

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use tensorwire_transports::{Connection, ConnectionInfo};
 use tokio::sync::Notify;
 
+use super::auth::Auth;
 use super::service::TensorService;
 use crate::config::{ServerConfig, VERSION};
 use crate::observe::info::{FunctionStatistics, ServiceInfo};
 use crate::observe::stats::ServerStats;
+use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
 use crate::rpc::call::Cancellation;
 use crate::rpc::function::Registry;
@@ -31,8 +33,12 @@ pub(crate) struct ServerInner {
     pub(crate) started: Instant,
     pub(crate) serving: AtomicBool,
     pub(crate) shutdown: Cancellation,
+    /// Every receive buffer is reserved from this first.
+    pub(crate) budget: MemoryBudget,
+    /// The token check, with its limit on guessing.
+    pub(crate) auth: Auth,
     pub(crate) idle: Notify,
-    pub(crate) conns: Mutex<HashMap<u64, Arc<dyn Connection>>>,
+    pub(crate) conns: Mutex<HashMap<u64, ConnEntry>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) transports: Mutex<Vec<String>>,
 }
@@ -67,6 +73,9 @@ impl ServerInner {
                     }
                 })
                 .collect(),
+            memory_limit: self.budget.limit(),
+            memory_used: self.budget.used(),
+            memory_refused: self.budget.refused(),
         }
     }
 
@@ -87,12 +96,24 @@ impl Drop for ActiveCall {
     }
 }
 
+/// An open connection, as the server counts it for its caps.
+pub(crate) struct ConnEntry {
+    pub(crate) conn: Arc<dyn Connection>,
+    pub(crate) session: Arc<Session>,
+    /// The peer's IP (local sockets: "local"), for the per-peer cap.
+    pub(crate) peer_key: String,
+}
+
 /// Per-connection state shared by its streams.
 pub(crate) struct Session {
     pub(crate) info: ConnectionInfo,
     pub(crate) handshaken: AtomicBool,
     pub(crate) caps: Mutex<SharedCaps>,
     pub(crate) link: Arc<LinkEstimator>,
+    /// Streams being served now (0: the connection is idle).
+    pub(crate) active: std::sync::atomic::AtomicU32,
+    /// When the connection was accepted (the oldest idle one makes room first).
+    pub(crate) since: Instant,
 }
 
 impl Session {

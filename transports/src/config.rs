@@ -24,11 +24,14 @@ pub struct TransportConfig {
     /// accepted socket as long for its handshake (the mux preface, gRPC's
     /// TLS handshake).
     pub connect_timeout: Duration,
-    /// Send keep-alive probes this often on an idle connection (default 15 s;
-    /// None: off).
+    /// Send keep-alive probes (mux PINGs, TCP keep-alive) this often on a
+    /// quiet connection; a mux peer that answers nothing for three intervals
+    /// is closed (default 15 s; None: off).
     pub keepalive_interval: Option<Duration>,
-    /// Close a connection that received nothing for this long (default
-    /// None for TCP/Unix; QUIC uses [`QuicConfig::idle_timeout`]).
+    /// Close a mux connection (tcp, unix, shm) that has had no open stream
+    /// for this long (default 5 minutes; checked every keep-alive interval;
+    /// a client reconnects on its next call). QUIC uses
+    /// [`QuicConfig::idle_timeout`].
     pub idle_timeout: Option<Duration>,
     /// Kernel socket buffer sizes (SO_SNDBUF/SO_RCVBUF); None keeps the
     /// OS default (default 4 MiB each for TCP, raised where allowed).
@@ -53,7 +56,7 @@ impl Default for TransportConfig {
             max_concurrent_streams: 1024,
             connect_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(15)),
-            idle_timeout: None,
+            idle_timeout: Some(Duration::from_secs(300)),
             socket_buffer: Some(4 << 20),
             tls: TlsConfig::default(),
             quic: QuicConfig::default(),

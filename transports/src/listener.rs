@@ -61,8 +61,9 @@ impl Listener for QueueListener {
             tokio::select! {
                 done = self.rx.recv() => return done.unwrap_or(Err(AcceptError::Closed)),
                 r = self.raw.accept_and_handshake(&self.config, &self.tx) => {
-                    if let Err(e) = r {
-                        backoff(&e).await;
+                    match r {
+                        Ok(()) => accepted(),
+                        Err(e) => backoff(&e).await,
                     }
                 }
             }
@@ -93,10 +94,26 @@ where
     });
 }
 
-/// Waits a little after accept errors such as EMFILE, so the loop doesn't spin.
+/// Consecutive accept failures (EMFILE, ENFILE, ENOMEM…) seen by any
+/// listener, for the back-off and for logging without a flood.
+static ACCEPT_FAILURES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Waits after an accept error such as EMFILE so the loop doesn't spin:
+/// 5 ms doubling to 1 s while errors continue. Logs the first failure of a
+/// run and then every 64th, not every one.
 pub(crate) async fn backoff(e: &std::io::Error) {
-    tracing::warn!(error = %e, "accept failed");
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    use std::sync::atomic::Ordering;
+    let n = ACCEPT_FAILURES.fetch_add(1, Ordering::Relaxed);
+    if n.is_multiple_of(64) {
+        tracing::warn!(error = %e, failures = n + 1, "accept failed; backing off (is the open-file limit too low?)");
+    }
+    let delay = std::time::Duration::from_millis(5u64 << n.min(8)).min(std::time::Duration::from_secs(1));
+    tokio::time::sleep(delay).await;
+}
+
+/// Ends a run of accept failures (called after a successful accept).
+pub(crate) fn accepted() {
+    ACCEPT_FAILURES.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Maps a failed client-side mux handshake to a [`ConnectError`].

@@ -57,6 +57,28 @@ impl AlignedBuf {
         Self { words: vec![0u128; len.div_ceil(16)], len }
     }
 
+    /// `len` zero bytes, or None when the allocator has not got the memory
+    /// (for sizes that came from a peer or a user: an error, never an abort).
+    pub fn try_zeroed(len: usize) -> Option<Self> {
+        let words = len.div_ceil(16);
+        if words == 0 {
+            return Some(Self::zeroed(0));
+        }
+        let layout = std::alloc::Layout::array::<u128>(words).ok()?;
+        // SAFETY: `layout` has a non-zero size. A non-null pointer from
+        // `alloc_zeroed` points to `words` zero-initialised u128s allocated by
+        // the global allocator with the layout `Vec<u128>` uses for that
+        // capacity, so the Vec may own and free it.
+        let words = unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut u128;
+            if p.is_null() {
+                return None;
+            }
+            Vec::from_raw_parts(p, words, words)
+        };
+        Some(Self { words, len })
+    }
+
     /// A copy of `src`.
     pub fn from_slice(src: &[u8]) -> Self {
         let mut b = Self::zeroed(src.len());

@@ -1,7 +1,7 @@
 //! Reading and writing tensor files for the CLI: torch.save (.pt, .pth,
 //! .bin) and safetensors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use tensorwire::codecs::torch::{self, Object, SaveOptions};
@@ -67,13 +67,47 @@ pub fn write_tensors(path: &Path, named: &[(String, Tensor)]) -> Result<(), BoxE
         let archive = path.file_stem().and_then(|s| s.to_str()).unwrap_or("archive").to_string();
         torch::save(&value, &SaveOptions { archive_name: archive, ..SaveOptions::default() })?
     };
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?,
-    );
-    for s in segments {
-        std::io::Write::write_all(&mut f, &s)?;
+    write_atomic(path, |f| {
+        for s in &segments {
+            std::io::Write::write_all(f, s)?;
+        }
+        Ok(())
+    })
+}
+
+/// A temporary file beside its destination, removed unless it was renamed
+/// over it.
+struct TempFile(Option<PathBuf>);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
     }
-    std::io::Write::flush(&mut f)?;
+}
+
+/// Writes `path` atomically: into a temporary file in the same directory,
+/// renamed over `path` once complete. A failed write leaves the old file
+/// as it was and no temporary behind; so does a process killed before the
+/// rename (but for the temporary, `.NAME.tmp-PID`, which the next write of
+/// the same process id replaces).
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), BoxError> {
+    let name =
+        path.file_name().and_then(|n| n.to_str()).ok_or_else(|| format!("{} is not a file name", path.display()))?;
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let file = std::fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let mut guard = TempFile(Some(tmp.clone()));
+    let mut f = std::io::BufWriter::new(file);
+    write(&mut f)
+        .and_then(|()| std::io::Write::flush(&mut f))
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {} to {}: {e}", tmp.display(), path.display()))?;
+    guard.0 = None;
     Ok(())
 }
 

@@ -345,30 +345,62 @@ async fn wait_for_signal() {
     }
 }
 
-/// A progress bar on stderr for transfers of `total` bytes, when it is a terminal.
-fn progress_bar(total: u64) -> (Option<Arc<AtomicU64>>, Option<tokio::task::JoinHandle<()>>) {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || total < (64 << 20) {
-        return (None, None);
-    }
-    let counter = Arc::new(AtomicU64::new(0));
-    let c = counter.clone();
-    let task = tokio::spawn(async move {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        loop {
-            bar.set_position(c.load(Ordering::Relaxed).min(total));
-            if c.load(Ordering::Relaxed) >= total {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+/// A progress bar on stderr while bytes move (only on a terminal). It moves
+/// with the client's payload counter, which advances chunk by chunk as the
+/// transport takes each one (within one credit window of what the peer has
+/// read) and as each arrives.
+struct Progress {
+    counter: Arc<AtomicU64>,
+    done: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    /// A bar for `total` bytes (None: unknown, a byte count and rate only),
+    /// when stderr is a terminal and the transfer is large enough to watch.
+    fn start(total: Option<u64>) -> Option<Self> {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() || total.is_some_and(|t| t < (64 << 20)) {
+            return None;
         }
-        bar.finish_and_clear();
-    });
-    (Some(counter), Some(task))
+        let counter = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, d) = (counter.clone(), done.clone());
+        let task = tokio::spawn(async move {
+            let (bar, template) = match total {
+                Some(t) => {
+                    (indicatif::ProgressBar::new(t), "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                }
+                None => (indicatif::ProgressBar::no_length(), "{spinner} {bytes} {binary_bytes_per_sec}"),
+            };
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            loop {
+                let n = c.load(Ordering::Relaxed);
+                bar.set_position(total.map_or(n, |t| n.min(t)));
+                if d.load(Ordering::Acquire) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            bar.finish_and_clear();
+        });
+        Some(Self { counter, done, task })
+    }
+
+    fn counter(p: &Option<Self>) -> Option<Arc<AtomicU64>> {
+        p.as_ref().map(|p| p.counter.clone())
+    }
+
+    /// Clears the bar before the result is printed.
+    async fn finish(p: Option<Self>) {
+        if let Some(p) = p {
+            p.done.store(true, Ordering::Release);
+            let _ = p.task.await;
+        }
+    }
 }
 
 fn report(json: bool, what: &str, bytes: u64, secs: f64, crc: u32, extra: serde_json::Value) {
@@ -397,8 +429,8 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
     };
     let per_round: u64 = tensors.iter().map(|t| t.nbytes() as u64).sum();
     let total = per_round * a.count;
-    let (progress, bar) = progress_bar(total);
-    let c = client(&a.conn, Some(&a.enc), progress).await?;
+    let bar = Progress::start(Some(total));
+    let c = client(&a.conn, Some(&a.enc), Progress::counter(&bar)).await?;
     let mut crc = 0;
     for t in &tensors {
         crc = t.crc32c()?;
@@ -409,9 +441,7 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
         summary = Some(c.send(tensors.clone()).await?);
     }
     let secs = start.elapsed().as_secs_f64();
-    if let Some(b) = bar {
-        b.abort();
-    }
+    Progress::finish(bar).await;
     let names: Vec<&str> = tensors.iter().filter_map(Tensor::name).collect();
     let message = summary.map(|s| s.message).unwrap_or_default();
     report(
@@ -426,9 +456,12 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
 }
 
 async fn fetch(a: FetchArgs) -> Result<(), BoxError> {
-    let c = client(&a.conn, Some(&a.enc), None).await?;
+    let bar = Progress::start(None);
+    let c = client(&a.conn, Some(&a.enc), Progress::counter(&bar)).await?;
     let start = Instant::now();
-    let t = c.fetch_one(&a.name).await?;
+    let t = c.fetch_one(&a.name).await;
+    Progress::finish(bar).await;
+    let t = t?;
     let secs = start.elapsed().as_secs_f64();
     if let Some(out) = &a.out {
         files::write_tensors(out, &[(a.name.clone(), t.clone())])?;

@@ -1,28 +1,51 @@
 //! The accepted sockets handed to tonic: TCP, TLS over TCP or Unix, as one
-//! type.
+//! type, with a deadline for the client's HTTP/2 preface: a client that
+//! connects and sends nothing is closed after the connect timeout instead
+//! of holding a connection (and a file descriptor) forever.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// Accepted sockets handed to tonic.
-pub(crate) enum Io {
+/// The HTTP/2 client connection preface is this long.
+const PREFACE_LEN: usize = 24;
+
+/// An accepted socket.
+pub(crate) enum Sock {
     Tcp(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     Unix(UnixStream),
+}
+
+/// An accepted socket handed to tonic, failing its reads with `TimedOut`
+/// when the preface has not arrived in time.
+pub(crate) struct Io {
+    sock: Sock,
+    preface: Option<Pin<Box<Sleep>>>,
+    seen: usize,
+}
+
+impl Io {
+    /// `sock`, which must send the HTTP/2 preface within `timeout`.
+    pub(crate) fn new(sock: Sock, timeout: Duration) -> Self {
+        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0 }
+    }
 }
 
 impl Connected for Io {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        let tcp = match self {
-            Io::Tcp(s) => Some(s),
-            Io::Tls(s) => Some(s.get_ref().0),
-            Io::Unix(_) => None,
+        let tcp = match &self.sock {
+            Sock::Tcp(s) => Some(s),
+            Sock::Tls(s) => Some(s.get_ref().0),
+            Sock::Unix(_) => None,
         };
         TcpConnectInfo {
             local_addr: tcp.and_then(|s| s.local_addr().ok()),
@@ -33,16 +56,16 @@ impl Connected for Io {
 
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
-        match $self.get_mut() {
-            Io::Tcp($s) => {
+        match &mut $self.get_mut().sock {
+            Sock::Tcp($s) => {
                 let $s = Pin::new($s);
                 $e
             }
-            Io::Tls($s) => {
+            Sock::Tls($s) => {
                 let $s = Pin::new(&mut **$s);
                 $e
             }
-            Io::Unix($s) => {
+            Sock::Unix($s) => {
                 let $s = Pin::new($s);
                 $e
             }
@@ -51,8 +74,26 @@ macro_rules! delegate {
 }
 
 impl AsyncRead for Io {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        delegate!(self, s => s.poll_read(cx, buf))
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let r = match &mut this.sock {
+            Sock::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Sock::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        };
+        if let Some(deadline) = &mut this.preface {
+            this.seen += buf.filled().len() - before;
+            if this.seen >= PREFACE_LEN {
+                this.preface = None;
+            } else if r.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within the connect timeout",
+                )));
+            }
+        }
+        r
     }
 }
 
@@ -70,10 +111,10 @@ impl AsyncWrite for Io {
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Io::Tcp(s) => s.is_write_vectored(),
-            Io::Tls(s) => s.is_write_vectored(),
-            Io::Unix(s) => s.is_write_vectored(),
+        match &self.sock {
+            Sock::Tcp(s) => s.is_write_vectored(),
+            Sock::Tls(s) => s.is_write_vectored(),
+            Sock::Unix(s) => s.is_write_vectored(),
         }
     }
 

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::io::Io;
+use super::io::{Io, Sock};
 use super::settings::{H2, message_limit, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
 use crate::sync::lock;
@@ -266,12 +266,15 @@ async fn accept_loop(
             Bound::Tcp(l) => l.accept().await.map(|(s, a)| (Some(s), None, Some(a))),
             Bound::Unix(l) => l.accept().await.map(|(s, _)| (None, Some(s), None::<SocketAddr>)),
         };
+        if accepted.is_ok() {
+            crate::listener::accepted();
+        }
         match accepted {
             Ok((Some(s), _, addr)) => {
                 tune_tcp(&s, &config);
                 match &acceptor {
                     None => {
-                        if tx.send(Ok(Io::Tcp(s))).await.is_err() {
+                        if tx.send(Ok(Io::new(Sock::Tcp(s), config.connect_timeout))).await.is_err() {
                             return;
                         }
                     }
@@ -282,7 +285,7 @@ async fn accept_loop(
                         tokio::spawn(async move {
                             match tokio::time::timeout(timeout, acc.accept(s)).await {
                                 Ok(Ok(t)) => {
-                                    let _ = tx.send(Ok(Io::Tls(Box::new(t)))).await;
+                                    let _ = tx.send(Ok(Io::new(Sock::Tls(Box::new(t)), timeout))).await;
                                 }
                                 Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
                                 Err(_) => tracing::info!(peer = ?addr, "TLS handshake timed out"),
@@ -292,16 +295,13 @@ async fn accept_loop(
                 }
             }
             Ok((None, Some(s), _)) => {
-                if tx.send(Ok(Io::Unix(s))).await.is_err() {
+                if tx.send(Ok(Io::new(Sock::Unix(s), config.connect_timeout))).await.is_err() {
                     return;
                 }
             }
             Ok(_) => {}
-            Err(e) => {
-                // Out of file descriptors and the like: wait, keep serving.
-                tracing::debug!(error = %e, "gRPC accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            // Out of file descriptors and the like: back off, keep serving.
+            Err(e) => crate::listener::backoff(&e).await,
         }
     }
 }

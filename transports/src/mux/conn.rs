@@ -117,7 +117,8 @@ where
         peer_window: theirs.stream_window,
         peer_max_payload: theirs.max_frame_payload,
         conn_window: config.connection_window,
-        idle_timeout: config.idle_timeout,
+        born: std::time::Instant::now(),
+        last_frame_ms: AtomicU64::new(0),
         state: Mutex::new(ConnState { streams: Streams::new(role, config.max_concurrent_streams), error: None }),
         writer,
         accept_tx,
@@ -133,8 +134,48 @@ where
         }
     });
     tokio::spawn(super::reader::run(shared.clone(), rd));
+    if let Some(interval) = config.keepalive_interval {
+        tokio::spawn(keep(Arc::downgrade(&shared), interval, config.idle_timeout));
+    }
     Ok(Arc::new(MuxConnection { shared, accept_rx: tokio::sync::Mutex::new(accept_rx) }))
 }
+
+/// Keeps a connection honest: pings a peer that has been quiet for an
+/// `interval`, closes one that answered nothing (not even a PONG) for
+/// [`PING_TIMEOUT_INTERVALS`] intervals, and closes a connection that had no
+/// open stream for `idle` (its client reconnects on its next call).
+async fn keep(shared: std::sync::Weak<Shared>, interval: Duration, idle: Option<Duration>) {
+    let mut idle_from: Option<std::time::Instant> = None;
+    loop {
+        tokio::time::sleep(interval.min(idle.unwrap_or(interval))).await;
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let quiet = sh.quiet_for();
+        if quiet >= interval * PING_TIMEOUT_INTERVALS {
+            sh.close(&format!("the peer answered no keep-alive ping for {}s", quiet.as_secs()));
+            return;
+        }
+        if quiet >= interval {
+            let _ = sh.writer.push(Out::Ping(0));
+        }
+        if let Some(idle) = idle {
+            if lock(&sh.state).streams.is_empty() {
+                let from = *idle_from.get_or_insert_with(std::time::Instant::now);
+                if from.elapsed() >= idle {
+                    sh.close(&format!("idle for {}s with no open stream", idle.as_secs()));
+                    return;
+                }
+            } else {
+                idle_from = None;
+            }
+        }
+    }
+}
+
+/// A peer silent for this many keep-alive intervals is taken for dead.
+const PING_TIMEOUT_INTERVALS: u32 = 3;
 
 impl Drop for MuxConnection {
     fn drop(&mut self) {
@@ -176,13 +217,7 @@ impl Connection for MuxConnection {
     }
 
     fn close(&self, reason: &str) {
-        if !self.shared.closed.load(Ordering::Acquire) {
-            let _ = self.shared.writer.push(Out::GoAway { code: code::NO_ERROR, reason: reason.to_string() });
-            self.shared.fail(StreamError::ConnectionClosed {
-                peer: self.shared.peer.clone(),
-                reason: format!("closed locally: {reason}"),
-            });
-        }
+        self.shared.close(reason);
     }
 
     fn is_closed(&self) -> bool {

@@ -124,6 +124,7 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         loop {
             let decoded = self.dec.decode_head(&mut self.buf);
             if let Some(start) = decoded.map_err(|e| self.shared.protocol(e.to_string()))? {
+                self.shared.heard();
                 return Ok(Some(start));
             }
             if !self.read_more(HEAD_LEN).await? {
@@ -142,16 +143,9 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         if spare < want || spare < 4096 {
             self.buf.reserve(want.max(READ_BUF));
         }
-        let shared = self.shared;
-        let read = self.rd.read_buf(&mut self.buf);
-        let got = match shared.idle_timeout {
-            Some(t) => tokio::time::timeout(t, read).await.map_err(|_| StreamError::ConnectionClosed {
-                peer: shared.peer.clone(),
-                reason: format!("idle for {t:?}"),
-            })?,
-            None => read.await,
-        }
-        .map_err(|e| StreamError::io(&shared.peer, &e))?;
+        // Silent peers are found by the keep-alive task (conn.rs), which
+        // closes the connection and so ends this read.
+        let got = self.rd.read_buf(&mut self.buf).await.map_err(|e| StreamError::io(&self.shared.peer, &e))?;
         Ok(got > 0)
     }
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
 
-use super::frame;
+use super::frame::{self, code};
 use super::state::{StreamState, Streams};
-use super::writer::Writer;
+use super::writer::{Out, Writer};
 use crate::sync::lock;
 use crate::{Incoming, Placement, Received, StreamError};
 
@@ -75,7 +75,10 @@ pub(crate) struct Shared {
     pub(crate) peer_max_payload: u32,
     /// Bytes of delivered, unconsumed frames above which the reader pauses.
     pub(crate) conn_window: u64,
-    pub(crate) idle_timeout: Option<Duration>,
+    /// When the connection started; `last_frame_ms` counts from it.
+    pub(crate) born: std::time::Instant,
+    /// Milliseconds after `born` at which the last frame arrived.
+    pub(crate) last_frame_ms: AtomicU64,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) writer: Writer,
     pub(crate) accept_tx: mpsc::UnboundedSender<Incoming>,
@@ -92,6 +95,27 @@ impl Shared {
             .error
             .clone()
             .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
+    }
+
+    /// Records that a frame arrived (the peer is alive).
+    pub(crate) fn heard(&self) {
+        self.last_frame_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Time since the last frame arrived.
+    pub(crate) fn quiet_for(&self) -> Duration {
+        self.born.elapsed().saturating_sub(Duration::from_millis(self.last_frame_ms.load(Ordering::Relaxed)))
+    }
+
+    /// Closes the connection with a GOAWAY naming `reason`.
+    pub(crate) fn close(&self, reason: &str) {
+        if !self.closed.load(Ordering::Acquire) {
+            let _ = self.writer.push(Out::GoAway { code: code::NO_ERROR, reason: reason.to_string() });
+            self.fail(StreamError::ConnectionClosed {
+                peer: self.peer.clone(),
+                reason: format!("closed locally: {reason}"),
+            });
+        }
     }
 
     pub(crate) fn protocol(&self, reason: impl Into<String>) -> StreamError {

@@ -134,6 +134,8 @@ pub(crate) enum Out {
         reason: String,
     },
     Pong(u32),
+    /// A keep-alive probe.
+    Ping(u32),
     /// Nothing to encode: wakes the writer to send what a direct write left over.
     Flush,
 }
@@ -144,7 +146,7 @@ impl Out {
             Out::Data { header, payload, .. } if payload.len() <= INLINE_PAYLOAD => {
                 Some(HEAD_LEN + header.as_ref().map_or(0, Message::encoded_len) + payload.len())
             }
-            Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) => Some(HEAD_LEN),
+            Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) | Out::Ping(_) => Some(HEAD_LEN),
             _ => None,
         }
     }
@@ -177,6 +179,7 @@ impl Out {
             Out::Reset { id, code } => head(id, Kind::Reset, 0, code).encode(scratch),
             Out::Stop { id, code } => head(id, Kind::Stop, 0, code).encode(scratch),
             Out::Pong(v) => head(0, Kind::Pong, 0, v).encode(scratch),
+            Out::Ping(v) => head(0, Kind::Ping, 0, v).encode(scratch),
             Out::GoAway { code, reason } => {
                 let r = &reason.as_bytes()[..reason.len().min(1024)];
                 head(0, Kind::GoAway, r.len() as u32, code).encode(scratch);
