@@ -145,8 +145,9 @@ mod util;
 pub use client::blocking::BlockingClient;
 pub use client::session::{CallOptions, Client};
 pub use config::{
-    ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIMS, DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TENSOR_BYTES,
-    DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig, VERSION,
+    ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_AUTH_FAILURES, DEFAULT_MAX_DIMS, DEFAULT_MAX_STORE_BYTES,
+    DEFAULT_MAX_TENSOR_BYTES, DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig,
+    VERSION,
 };
 pub use error::{CallError, Code, Status};
 pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};

@@ -111,3 +111,41 @@ fn bad_arguments_fail_with_a_clear_message() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype"));
 }
+
+#[test]
+fn a_failed_fetch_leaves_the_old_file_and_no_temporary() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix://{}", dir.path().join("atomic.sock").display());
+    let _server = serve(&url);
+    run_ok(&["send", "--to", &url, "--random", "16,16", "--name", "good"]);
+    let out = dir.path().join("model.pt");
+    run_ok(&["fetch", "--from", &url, "--name", "good", "--out", out.to_str().unwrap()]);
+    let before = std::fs::read(&out).unwrap();
+    let failed =
+        bin().args(["fetch", "--from", &url, "--name", "missing", "--out", out.to_str().unwrap()]).output().unwrap();
+    assert!(!failed.status.success());
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert!(err.contains("no tensor named \"missing\""), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), before, "the old file is untouched");
+    let names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.contains(".tmp-")), "no temporary left: {names:?}");
+}
+
+#[test]
+fn sizes_the_process_cannot_allocate_are_clear_errors_not_aborts() {
+    // 64 GiB of float32 under a 4 GiB address-space limit: an error, exit 1.
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("skipping: prlimit (util-linux) is not installed");
+        return;
+    }
+    let out = Command::new("prlimit")
+        .args(["--as=4294967296", "--"])
+        .arg(env!("CARGO_BIN_EXE_tensorwire"))
+        .args(["send", "--to", "tcp://127.0.0.1:9", "--random", "16384,1048576"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot allocate"), "{err}");
+}

@@ -187,11 +187,8 @@ async fn wrong_tokens_are_limited_per_peer() {
     let cfg = ServerConfig { auth_token: Some("s3cret".into()), max_auth_failures: 3, ..Default::default() };
     let (server, _dir) = start(store_server(cfg), "tcp").await;
     let url = server.url();
-    let with = |token: &str| ClientConfig {
-        auth_token: Some(token.into()),
-        retry: RetryPolicy::None,
-        ..Default::default()
-    };
+    let with =
+        |token: &str| ClientConfig { auth_token: Some(token.into()), retry: RetryPolicy::None, ..Default::default() };
     for _ in 0..3 {
         let e = Client::connect_with(&url, with("guess")).await.unwrap_err();
         assert!(e.to_string().contains("wrong auth token"), "{e}");

@@ -60,6 +60,19 @@ struct ServeArgs {
     /// Memory budget of the tensor store, in bytes.
     #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_STORE_BYTES)]
     max_store_bytes: u64,
+    /// What a full store does: refuse new tensors, or drop the least recently used.
+    #[arg(long, default_value_t = tensorwire::EvictPolicy::default())]
+    store_evict: tensorwire::EvictPolicy,
+    /// Memory budget for everything clients make the server hold (tensors in
+    /// flight and stored, task results), in bytes (default: half of RAM).
+    #[arg(long)]
+    max_memory_bytes: Option<u64>,
+    /// Most connections open at once (default: half the open-file limit).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Wrong auth tokens a peer may present per minute before it is refused (0: no limit).
+    #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_AUTH_FAILURES)]
+    max_auth_failures: u32,
     /// Require this token in client handshakes.
     #[arg(long, env = "TENSORWIRE_TOKEN")]
     auth_token: Option<String>,
@@ -279,11 +292,28 @@ fn encoding(e: &EncodingArgs) -> Encoding {
     }
 }
 
+/// Why a token on `url` would travel in cleartext over a network (None:
+/// the transport encrypts, or the address stays on this host).
+fn plaintext_beyond_loopback(url: &str) -> Option<&'static str> {
+    let ep = tensorwire::Endpoint::parse(url).ok()?;
+    if !matches!(ep.scheme(), tensorwire::Scheme::Tcp | tensorwire::Scheme::Grpc) {
+        return None;
+    }
+    let host = ep.host().trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    (!loopback).then_some("the token and the tensors travel in cleartext")
+}
+
 async fn client(
     a: &ConnArgs,
     enc: Option<&EncodingArgs>,
     progress: Option<Arc<AtomicU64>>,
 ) -> Result<Client, BoxError> {
+    if a.auth_token.is_some()
+        && let Some(why) = plaintext_beyond_loopback(&a.to)
+    {
+        eprintln!("warning: auth token to {}: {why}", a.to);
+    }
     let cfg = ClientConfig {
         transport: transport_config(a),
         encoding: match enc {
@@ -305,15 +335,28 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
         transport.tls.ca_path = Some(ca.clone());
         transport.tls.require_client_cert = true;
     }
+    let defaults = ServerConfig::default();
     let config = ServerConfig {
         transport,
         encoding: Encoding { chunk_size: a.chunk_size, ..Encoding::default() },
         limits: tensorwire::Limits { max_tensor_bytes: a.max_tensor_bytes, ..Default::default() },
         service_name: a.service_name.clone(),
         auth_token: a.auth_token.clone(),
-        ..ServerConfig::default()
+        max_memory_bytes: a.max_memory_bytes.unwrap_or(defaults.max_memory_bytes),
+        max_connections: a.max_connections.unwrap_or(defaults.max_connections),
+        max_connections_per_peer: a.max_connections.unwrap_or(defaults.max_connections_per_peer),
+        max_auth_failures: a.max_auth_failures,
+        ..defaults
     };
-    let mut b = Server::builder().config(config).service(StoreService::new(a.max_store_bytes));
+    if config.auth_token.is_some() {
+        for url in &a.listen {
+            if let Some(why) = plaintext_beyond_loopback(url) {
+                eprintln!("warning: --auth-token on {url}: {why}; use quic:// or grpcs:// beyond this host");
+            }
+        }
+    }
+    let store = StoreService::with_policy(a.max_store_bytes, a.store_evict);
+    let mut b = Server::builder().config(config).service(store);
     for f in builtin_functions() {
         b = b.function(f);
     }
