@@ -72,7 +72,14 @@ impl QuicConnection {
         (0..self.group.size()).map(|i| self.group.conn(i as u8).map_or(0, |c| c.stats().udp_rx.bytes)).collect()
     }
 
-    fn halves(&self, send: quinn::SendStream, recv: quinn::RecvStream) -> (Box<dyn SendStream>, Box<dyn RecvStream>) {
+    /// The two halves of a stream. `accepted`: the peer opened it (we
+    /// answer on it), so finishing waits until the peer has the data.
+    fn halves(
+        &self,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+        accepted: bool,
+    ) -> (Box<dyn SendStream>, Box<dyn RecvStream>) {
         let wire_id = u64::from(VarInt::from(send.id()));
         let id = send.id().index();
         (
@@ -85,6 +92,7 @@ impl QuicConnection {
                 peer: self.peer.clone(),
                 id,
                 wire_id,
+                wait_acked: accepted,
             }),
             Box::new(QuicRecv {
                 inner: recv,
@@ -111,12 +119,12 @@ impl Drop for QuicConnection {
 impl Connection for QuicConnection {
     async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
         let (s, r) = self.conn.open_bi().await.map_err(|e| conn_error(&self.peer, &e))?;
-        Ok(self.halves(s, r))
+        Ok(self.halves(s, r, false))
     }
 
     async fn accept(&self) -> Result<Incoming, StreamError> {
         let (s, r) = self.conn.accept_bi().await.map_err(|e| conn_error(&self.peer, &e))?;
-        let (send, recv) = self.halves(s, r);
+        let (send, recv) = self.halves(s, r, true);
         Ok(Incoming { kind: None, send, recv })
     }
 
@@ -148,6 +156,11 @@ struct QuicSend {
     group: Arc<Group>,
     /// Stripe streams opened so far, by stripe index (0 unused).
     stripes: Vec<Option<quinn::SendStream>>,
+    /// Finishing waits until the peer acknowledged every byte (answers a
+    /// server sends): a graceful shutdown that closes the connection after
+    /// the call ends must not discard a reply still in flight, which QUIC,
+    /// unlike TCP, would.
+    wait_acked: bool,
     /// Scratch: live stripe indices.
     live: Vec<u8>,
     turn: usize,
@@ -253,6 +266,15 @@ impl SendStream for QuicSend {
         let _ = self.inner.finish();
         for s in self.stripes.iter_mut().flatten() {
             let _ = s.finish();
+        }
+        if self.wait_acked {
+            self.wait_acked = false;
+            // Ok(None): all acknowledged; Some(code) or an error: the peer
+            // stopped reading or the connection is gone, nothing to wait for.
+            let _ = self.inner.stopped().await;
+            for s in self.stripes.iter().flatten() {
+                let _ = s.stopped().await;
+            }
         }
         Ok(())
     }
