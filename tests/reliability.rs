@@ -324,3 +324,33 @@ async fn tcp_shutdown_drains_a_fetch_in_flight() {
 async fn grpc_shutdown_drains_a_fetch_in_flight() {
     shutdown_drains_a_fetch_in_flight("grpc").await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_sockets_say_who_may_connect() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mode.sock");
+    // A path socket is owner-only unless the URL says otherwise.
+    let s = store_server(ServerConfig::default()).build().start([format!("unix://{}", path.display())]).await.unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    s.shutdown().await;
+    let url = format!("unix://{}?mode=0660", path.display());
+    let s = store_server(ServerConfig::default()).build().start([url]).await.unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o660);
+    s.shutdown().await;
+    // An abstract socket checks the peer's user id: ours is allowed by default,
+    // refused when the listener allows only another user.
+    let name = format!("tw-uid-{}", std::process::id());
+    let s = store_server(ServerConfig::default()).build().start([format!("unix://@{name}")]).await.unwrap();
+    assert!(Client::connect(&format!("unix://@{name}")).await.unwrap().health().await.unwrap());
+    s.shutdown().await;
+    let other = unsafe { libc::geteuid() } + 4242;
+    let s = store_server(ServerConfig::default())
+        .build()
+        .start([format!("unix://@{name}?allow_uid={other}")])
+        .await
+        .unwrap();
+    let cfg = ClientConfig { retry: RetryPolicy::None, ..Default::default() };
+    assert!(Client::connect_with(&format!("unix://@{name}"), cfg).await.is_err());
+    s.shutdown().await;
+}

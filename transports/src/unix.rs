@@ -96,10 +96,56 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
     Ok(c)
 }
 
+/// Who may connect to a socket: the file mode of a path socket, and the
+/// user ids allowed on an abstract socket (which has no file mode).
+#[derive(Clone, Debug)]
+struct Access {
+    /// None: any user.
+    uids: Option<Vec<u32>>,
+}
+
+/// Default mode of a path socket: the owner only.
+const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
+impl Access {
+    /// From the URL: `?mode=0660` (path sockets, octal; default 0600) and
+    /// `?allow_uid=1000,1001` or `?allow_uid=any` (abstract sockets and
+    /// `shm://`; default: this process's user only).
+    fn of(endpoint: &Endpoint) -> Result<(Option<u32>, Self), String> {
+        let mode = match endpoint.query("mode") {
+            Some(m) => Some(u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| format!("bad mode {m:?} (octal, e.g. 0660)"))?),
+            None => None,
+        };
+        let uids = match endpoint.query("allow_uid") {
+            Some("any") => None,
+            Some(list) => Some(
+                list.split(',')
+                    .map(|u| u.trim().parse::<u32>().map_err(|_| format!("bad user id {u:?} in allow_uid")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            None => Some(vec![unsafe { libc::geteuid() }]),
+        };
+        Ok((mode, Self { uids }))
+    }
+
+    fn allows(&self, s: &UnixStream) -> Result<(), String> {
+        let Some(uids) = &self.uids else { return Ok(()) };
+        let cred = s.peer_cred().map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+        if uids.contains(&cred.uid()) {
+            Ok(())
+        } else {
+            Err(format!("user id {} may not connect (allowed: {uids:?}; see ?allow_uid=)", cred.uid()))
+        }
+    }
+}
+
 struct UnixAccept {
     listener: UnixListener,
     name: String,
     n: u64,
+    /// Peers checked by user id (abstract sockets), None: the file mode decides.
+    access: Option<Access>,
     /// Listening as `shm://`.
     #[cfg_attr(not(feature = "shm"), allow(dead_code))]
     shm: bool,
@@ -110,6 +156,12 @@ impl RawAccept for UnixAccept {
     async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()> {
         let (s, _) = self.listener.accept().await?;
         self.n += 1;
+        if let Some(access) = &self.access
+            && let Err(reason) = access.allows(&s)
+        {
+            tracing::warn!(socket = %self.name, %reason, "refused a local connection");
+            return Ok(());
+        }
         let info = SocketInfo { peer: format!("{}#{}", self.name, self.n), transport: "unix", local: true };
         #[cfg(feature = "shm")]
         {
@@ -153,11 +205,30 @@ impl RawAccept for UnixAccept {
 /// Listens on `unix:///path` (the socket file is removed when the listener
 /// is dropped), or on `shm://name` (an abstract socket: no file). Clients
 /// that offer shared memory get it.
+///
+/// Who may connect: a path socket's file gets mode 0600 (`?mode=0660` to
+/// share it with the group); an abstract socket (and `shm://`) has no file,
+/// so connections are checked by the peer's user id (`SO_PEERCRED`): this
+/// process's user only unless `?allow_uid=1000,1001` or `?allow_uid=any`.
 pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
     let path = socket_path(endpoint);
+    let (mode, access) =
+        Access::of(endpoint).map_err(|reason| ListenError::Config { endpoint: endpoint.to_string(), reason })?;
     let l = bind_socket(&path).map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
-    let raw =
-        UnixAccept { listener: l, name: endpoint.to_string(), n: 0, shm: endpoint.scheme() == crate::Scheme::Shm };
-    let cleanup = abstract_name(&path).is_none().then_some(path);
+    let is_abstract = abstract_name(&path).is_some();
+    if !is_abstract {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::Permissions::from_mode(mode.unwrap_or(DEFAULT_SOCKET_MODE));
+        std::fs::set_permissions(&path, perms)
+            .map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
+    }
+    let raw = UnixAccept {
+        listener: l,
+        name: endpoint.to_string(),
+        n: 0,
+        access: is_abstract.then_some(access),
+        shm: endpoint.scheme() == crate::Scheme::Shm,
+    };
+    let cleanup = (!is_abstract).then_some(path);
     Ok(Box::new(QueueListener::new(Box::new(raw), config, endpoint.clone(), cleanup)))
 }
