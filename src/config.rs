@@ -131,6 +131,11 @@ pub struct Encoding {
     /// Send a CRC-32C of each tensor and check it on receipt (default false:
     /// TCP, QUIC and TLS already protect the bytes; costs one pass over the data).
     pub checksums: bool,
+    /// Send a CRC-32C with every chunk, checked before the chunk is used
+    /// (None, the default: on over `tcp://`, whose 16-bit checksum lets
+    /// corruption through; off where TLS or QUIC authenticate the bytes and
+    /// on same-host transports).
+    pub chunk_checksums: Option<bool>,
 }
 
 impl Default for Encoding {
@@ -142,11 +147,18 @@ impl Default for Encoding {
             link_bandwidth: None,
             chunk_size: DEFAULT_CHUNK_SIZE,
             checksums: false,
+            chunk_checksums: None,
         }
     }
 }
 
 impl Encoding {
+    /// Whether chunks carry checksums over `transport` (a
+    /// [`ConnectionInfo::transport`](crate::transport::ConnectionInfo) name).
+    pub fn chunk_checksums_on(&self, transport: &str) -> bool {
+        self.chunk_checksums.unwrap_or(transport == "tcp")
+    }
+
     /// The chunk size actually used: at least 4 KiB, a multiple of 64 so
     /// chunks split on element boundaries of every dtype.
     pub fn effective_chunk_size(&self) -> usize {

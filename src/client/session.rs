@@ -256,7 +256,8 @@ impl Client {
         let (tx, rx) = s.conn.open(kind).await?;
         let cfg = &self.inner.config;
         let mut w =
-            FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()));
+            FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
+                .with_chunk_checksums_for(s.info.transport);
         let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement);
         w.progress = cfg.progress.clone();
         r.progress = cfg.progress.clone();

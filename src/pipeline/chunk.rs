@@ -80,7 +80,7 @@ impl Chunker {
             raw_len: payload.len() as u64,
             info: self.info.take().map(Box::new),
             crc32c: if last { self.crc32c } else { None },
-            shm_segment: 0,
+            ..Default::default()
         };
         self.index += 1;
         Some((chunk, payload))
@@ -138,6 +138,18 @@ pub enum ChunkError {
     /// The tensor does not fit the memory budget (checked before allocating).
     #[error(transparent)]
     OverBudget(#[from] OverBudget),
+    /// A chunk's payload does not match the checksum it was sent with.
+    #[error("chunk {index} of tensor {tensor_id} is corrupt: CRC-32C {actual:08x}, sent as {expected:08x}")]
+    Checksum {
+        /// The tensor.
+        tensor_id: u64,
+        /// The chunk.
+        index: u32,
+        /// The checksum it was sent with.
+        expected: u32,
+        /// The checksum of what arrived.
+        actual: u32,
+    },
     /// The tensor declares more than `max_tensor_bytes`.
     #[error("tensor {tensor_id} declares {size} bytes, above the limit of {limit} (max_tensor_bytes)")]
     TooLarge {
@@ -330,6 +342,21 @@ pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
     }
 }
 
+/// Checks a chunk's payload against the checksum it was sent with, if any.
+fn verify(c: &v1::Chunk, payload: &[u8]) -> Result<(), ChunkError> {
+    match c.chunk_crc32c {
+        Some(expected) => {
+            let actual = crc32c::crc32c(payload);
+            if actual == expected {
+                Ok(())
+            } else {
+                Err(ChunkError::Checksum { tensor_id: c.tensor_id, index: c.index, expected, actual })
+            }
+        }
+        None => Ok(()),
+    }
+}
+
 /// What feeding a chunk to an [`Assembly`] gave.
 #[derive(Debug)]
 pub enum Step {
@@ -385,6 +412,7 @@ impl Assembly {
 
     /// Feeds a chunk whose payload arrived in memory.
     pub fn push(&mut self, c: &v1::Chunk, payload: Bytes) -> Result<Step, ChunkError> {
+        verify(c, &payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
             self.held = self.reserve(plan.total)?;
@@ -417,6 +445,7 @@ impl Assembly {
     /// Feeds a chunk whose payload arrived in memory while the buffer is
     /// lent: writes it into `lent`. Returns true after the last chunk.
     pub fn push_into(&mut self, c: &v1::Chunk, payload: &[u8], lent: &mut [u8]) -> Result<bool, ChunkError> {
+        verify(c, payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
             return Err(ChunkError::Protocol(format!("tensor {} started while another was in progress", c.tensor_id)));
@@ -425,14 +454,18 @@ impl Assembly {
         Ok(plan.last)
     }
 
-    /// Feeds a chunk the transport already wrote into the lent buffer, at
-    /// `offset` with `len` bytes. Returns true after the last chunk.
-    pub fn placed(&mut self, c: &v1::Chunk, offset: u64, len: usize) -> Result<bool, ChunkError> {
+    /// Feeds a chunk the transport already wrote into the lent buffer
+    /// (`lent`), at `offset` with `len` bytes. Returns true after the last chunk.
+    pub fn placed(&mut self, c: &v1::Chunk, offset: u64, len: usize, lent: &[u8]) -> Result<bool, ChunkError> {
         let plan = self.reasm.plan(c, len)?;
         if plan.first || offset as usize != plan.offset || len != plan.raw_len || plan.compression != Compression::None
         {
             return Err(ChunkError::Protocol("a placed chunk does not match its header".into()));
         }
+        let bytes = lent
+            .get(plan.offset..plan.offset + len)
+            .ok_or_else(|| ChunkError::Protocol("a placed chunk lies outside its buffer".into()))?;
+        verify(c, bytes)?;
         Ok(plan.last)
     }
 

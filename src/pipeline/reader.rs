@@ -74,6 +74,9 @@ impl FrameReader {
                 CallError::Limit { what: "tensor payload (max_tensor_bytes)", size, limit }
             }
             e @ (ChunkError::OverBudget(_) | ChunkError::OutOfMemory { .. }) => CallError::OutOfMemory(e.to_string()),
+            ChunkError::Checksum { expected, actual, .. } => {
+                CallError::Decode(tensorwire_codecs::DecodeError::Checksum { what: "chunk payload", expected, actual })
+            }
             other => self.protocol(other.to_string()),
         }
     }
@@ -149,7 +152,10 @@ impl FrameReader {
                     let mut g = placement.lock().await;
                     self.asm.push_into(&c, &b, &mut g)
                 }
-                Payload::Placed { offset, len } => self.asm.placed(&c, offset, len),
+                Payload::Placed { offset, len } => {
+                    let g = placement.lock().await;
+                    self.asm.placed(&c, offset, len, &g)
+                }
             }
             .map_err(|e| self.chunk_error(e))?;
             self.count_progress(c.raw_len);

@@ -38,6 +38,8 @@ pub(crate) struct FrameWriter {
     /// small call is then one write on each side).
     pending: Vec<Frame>,
     pending_bytes: usize,
+    /// Chunks carry a CRC-32C of their payload.
+    chunk_checksums: bool,
 }
 
 impl FrameWriter {
@@ -61,7 +63,15 @@ impl FrameWriter {
             progress: None,
             pending: Vec::new(),
             pending_bytes: 0,
+            chunk_checksums: false,
         }
+    }
+
+    /// Sends a CRC-32C with every chunk when the encoding asks for it over
+    /// `transport` (see [`Encoding::chunk_checksums`]).
+    pub(crate) fn with_chunk_checksums_for(mut self, transport: &str) -> Self {
+        self.chunk_checksums = self.encoding.chunk_checksums_on(transport);
+        self
     }
 
     /// Queues a control frame; it leaves with the next frames sent.
@@ -158,6 +168,9 @@ impl FrameWriter {
                 c.shuffle = shuffle;
                 payload = Bytes::from(z);
             }
+            if self.chunk_checksums {
+                c.chunk_crc32c = Some(crc32c::crc32c(&payload));
+            }
             wire_bytes += payload.len() as u64;
             let raw_len = c.raw_len;
             let last = c.last;
@@ -214,6 +227,7 @@ impl FrameWriter {
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
         let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));
+        let checksums = self.chunk_checksums;
         let (mut offset, mut index) = (0u64, 0u32);
         let mut emit = |w: &mut Self, payload: Bytes, offset: u64, index: u32| {
             let last = offset + payload.len() as u64 >= total;
@@ -226,6 +240,7 @@ impl FrameWriter {
                 compression: v1::Compression::None as i32,
                 raw_len: payload.len() as u64,
                 info: winfo.take(),
+                chunk_crc32c: checksums.then(|| crc32c::crc32c(&payload)),
                 ..Default::default()
             };
             w.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });

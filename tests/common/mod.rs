@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod pki;
+pub mod proxy;
 pub mod python;
 
 use std::path::PathBuf;

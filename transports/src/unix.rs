@@ -113,7 +113,10 @@ impl Access {
     /// `shm://`; default: this process's user only).
     fn of(endpoint: &Endpoint) -> Result<(Option<u32>, Self), String> {
         let mode = match endpoint.query("mode") {
-            Some(m) => Some(u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| format!("bad mode {m:?} (octal, e.g. 0660)"))?),
+            Some(m) => Some(
+                u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                    .map_err(|_| format!("bad mode {m:?} (octal, e.g. 0660)"))?,
+            ),
             None => None,
         };
         let uids = match endpoint.query("allow_uid") {
