@@ -64,5 +64,6 @@ if [ "$rc" -eq 5 ]; then
 elif [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
-echo "== Python examples type-check with the package's stubs (mypy --strict)"
+echo "== the Python package and its examples type-check (mypy --strict, with the package's stubs)"
+(cd python && "$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary tensorwire)
 "$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary examples/python/

@@ -39,8 +39,16 @@ impl NativeAsyncClient {
         codec: Option<String>,
         coalesce: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cfg =
-            config(timeout, retries, retry_backoff, auth_token, chunk_size, compression.as_deref(), codec.as_deref(), coalesce)?;
+        let cfg = config(
+            timeout,
+            retries,
+            retry_backoff,
+            auth_token,
+            chunk_size,
+            compression.as_deref(),
+            codec.as_deref(),
+            coalesce,
+        )?;
         future_into_py(py, async move {
             let client = Client::connect_with(&url, cfg)
                 .await
@@ -129,9 +137,7 @@ impl NativeAsyncClient {
     /// A task's state: awaitable of a string.
     fn status<'py>(&self, py: Python<'py>, task_id: String) -> PyResult<Bound<'py, PyAny>> {
         let c = self.client.clone();
-        future_into_py(py, async move {
-            Ok(task_state(&c.task_status(&task_id).await.map_err(call_error_nogil)?))
-        })
+        future_into_py(py, async move { Ok(task_state(&c.task_status(&task_id).await.map_err(call_error_nogil)?)) })
     }
 
     /// A task's result: awaitable of (tensors, value).
@@ -148,9 +154,7 @@ impl NativeAsyncClient {
     /// Cancels a task: awaitable of its state afterwards.
     fn cancel<'py>(&self, py: Python<'py>, task_id: String) -> PyResult<Bound<'py, PyAny>> {
         let c = self.client.clone();
-        future_into_py(py, async move {
-            Ok(task_state(&c.cancel_task(&task_id).await.map_err(call_error_nogil)?))
-        })
+        future_into_py(py, async move { Ok(task_state(&c.cancel_task(&task_id).await.map_err(call_error_nogil)?)) })
     }
 
     /// Awaitable of True while the server serves.

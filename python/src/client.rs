@@ -176,8 +176,16 @@ impl NativeClient {
         codec: Option<String>,
         coalesce: bool,
     ) -> PyResult<Self> {
-        let cfg =
-            config(timeout, retries, retry_backoff, auth_token, chunk_size, compression.as_deref(), codec.as_deref(), coalesce)?;
+        let cfg = config(
+            timeout,
+            retries,
+            retry_backoff,
+            auth_token,
+            chunk_size,
+            compression.as_deref(),
+            codec.as_deref(),
+            coalesce,
+        )?;
         let u = url.clone();
         let c = py
             .detach(move || BlockingClient::connect_with(&u, cfg))
@@ -351,8 +359,8 @@ impl ExchangeIter {
         let Some(mut stream) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return Ok(None);
         };
-        let (stream, next) = block(py, &self.client, async move |_| Ok(stream.next().await.map(|r| (stream, r))))
-            .map(|o| match o {
+        let (stream, next) =
+            block(py, &self.client, async move |_| Ok(stream.next().await.map(|r| (stream, r)))).map(|o| match o {
                 Some((s, r)) => (Some(s), Some(r)),
                 None => (None, None),
             })?;

@@ -13,7 +13,10 @@ const ERRORS: &str = "tensorwire._errors";
 /// Builds `tensorwire.<class>(message, code)`.
 pub fn raise(py: Python<'_>, class: &str, message: String, code: Code) -> PyErr {
     let made = py.import(ERRORS).and_then(|m| m.getattr(class)).and_then(|cls| {
-        let args = PyTuple::new(py, [message.clone().into_pyobject(py)?.into_any(), code_name(code).into_pyobject(py)?.into_any()])?;
+        let args = PyTuple::new(
+            py,
+            [message.clone().into_pyobject(py)?.into_any(), code_name(code).into_pyobject(py)?.into_any()],
+        )?;
         cls.call1(args)
     });
     match made {
@@ -60,7 +63,10 @@ pub fn handler_status(py: Python<'_>, e: PyErr) -> Status {
     let text = value.str().map(|s| s.to_string()).unwrap_or_default();
     let message = if text.is_empty() { type_name.clone() } else { format!("{type_name}: {text}") };
     let is = |cls: &str| {
-        py.import("builtins").and_then(|b| b.getattr(cls)).map(|c| value.is_instance(&c).unwrap_or(false)).unwrap_or(false)
+        py.import("builtins")
+            .and_then(|b| b.getattr(cls))
+            .map(|c| value.is_instance(&c).unwrap_or(false))
+            .unwrap_or(false)
     };
     let own_code = py
         .import(ERRORS)

@@ -13,8 +13,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tensorwire::{
-    BatchConfig, CallContext, FetchRequest, Function, Output, RunningServer, SendSummary, Server, ServerConfig,
-    Status, StoreService, Tensor, TensorService, TensorSink, TensorStream,
+    BatchConfig, CallContext, FetchRequest, Function, Output, RunningServer, SendSummary, Server, ServerConfig, Status,
+    StoreService, Tensor, TensorService, TensorSink, TensorStream,
 };
 
 use crate::errors::{handler_status, raise};
@@ -78,7 +78,12 @@ impl TensorService for PyService {
         Ok(())
     }
 
-    async fn exchange(&self, ctx: &CallContext, input: &mut TensorStream, out: &mut TensorSink<'_>) -> Result<(), Status> {
+    async fn exchange(
+        &self,
+        ctx: &CallContext,
+        input: &mut TensorStream,
+        out: &mut TensorSink<'_>,
+    ) -> Result<(), Status> {
         let Some(h) = &self.on_exchange else {
             while let Some(t) = input.next().await {
                 out.send(t.map_err(Status::from)?).await?;
@@ -234,9 +239,7 @@ impl NativeServer {
     fn stop(&self, py: Python<'_>, now: bool) {
         let Some(Running { rt, server }) = lock(&self.running).take() else { return };
         py.detach(move || {
-            rt.block_on(async move {
-                if now { server.abort().await } else { server.shutdown().await }
-            });
+            rt.block_on(async move { if now { server.abort().await } else { server.shutdown().await } });
             rt.shutdown_timeout(Duration::from_secs(1));
         });
     }

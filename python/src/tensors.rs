@@ -46,7 +46,9 @@ impl AsRef<[u8]> for PyMemory {
 pub fn from_py(desc: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     let t = desc.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("tensor description must be a tuple"))?;
     if t.len() != 7 {
-        return Err(PyTypeError::new_err("tensor description: (name, dtype, shape, data_ptr, nbytes, owner, metadata)"));
+        return Err(PyTypeError::new_err(
+            "tensor description: (name, dtype, shape, data_ptr, nbytes, owner, metadata)",
+        ));
     }
     let name: Option<String> = t.get_item(0)?.extract()?;
     let dtype: String = t.get_item(1)?.extract()?;

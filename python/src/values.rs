@@ -31,9 +31,10 @@ fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::Bool(b.is_true()));
     }
     if obj.is_instance_of::<PyInt>() {
-        return obj.extract::<i64>().map(Value::Int).map_err(|_| {
-            PyTypeError::new_err("int argument does not fit in 64 bits (tensorwire values are i64)")
-        });
+        return obj
+            .extract::<i64>()
+            .map(Value::Int)
+            .map_err(|_| PyTypeError::new_err("int argument does not fit in 64 bits (tensorwire values are i64)"));
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         return Ok(Value::Float(f.value()));

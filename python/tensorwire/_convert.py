@@ -34,7 +34,7 @@ def _torch() -> Any:
 
 
 def _dtype_names() -> Dict[Any, str]:
-    torch = _torch()
+    import torch
     names = [
         "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16",
         "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
@@ -69,7 +69,7 @@ def torch_dtype(name: str) -> Any:
 
 def as_tensor(x: Any) -> "torch.Tensor":
     """A torch tensor for ``x`` (a tensor, or a numpy array shared without a copy)."""
-    torch = _torch()
+    import torch
     if isinstance(x, torch.Tensor):
         return x
     mod = type(x).__module__
@@ -141,13 +141,14 @@ def is_tensor(x: Any) -> bool:
 
 def to_torch(r: "Received") -> "torch.Tensor":
     """A torch tensor over the receive buffer of ``r`` (no copy)."""
-    torch = _torch()
+    import torch
+    import torch.utils.dlpack
     dtype = torch_dtype(r.dtype)
     shape, strides, offset = r.shape, r.strides, r.storage_offset
     if r.storage_nbytes == 0:
         t = torch.empty(shape, dtype=dtype)
     else:
-        raw = torch.from_dlpack(r.capsule())
+        raw = torch.utils.dlpack.from_dlpack(r.capsule())
         t = raw.view(dtype).as_strided(shape, strides, offset)
     if r.name is not None:
         setattr(t, _NAME, r.name)
