@@ -47,7 +47,7 @@ CARGO_TARGET_DIR="$target_dir" cargo clippy --manifest-path python/Cargo.toml --
 cargo build --quiet --bin tensorwire --example client
 # Rebuild the package only when a source it is built from changed.
 pykey="$(cat Cargo.lock python/Cargo.lock python/Cargo.toml python/pyproject.toml Cargo.toml \
-  $(git ls-files -co --exclude-standard python/src python/tensorwire src codecs transports proto | grep -v '^src/bin/' | sort) \
+  $(git ls-files -co --exclude-standard python/src python/tensorwire src codecs transports proto 2>/dev/null | grep -v '^src/bin/' | sort) \
   | sha256sum | cut -c1-16)"
 if [ "$(cat "$venv/.tensorwire-python-key" 2>/dev/null)" != "$pykey" ] || ! "$TENSORWIRE_PYTHON" -c "import tensorwire" >/dev/null 2>&1; then
   echo "== building the tensorwire Python package (maturin develop)"
