@@ -164,8 +164,15 @@ def main() -> None:
             with tensorwire.Client(url) as c:
                 c.send({"x": x})
                 c.fetch("x")
-                send = gibs(size, a.reps, lambda: c.send({"x": x}) and None)
-                fetch = gibs(size, a.reps, lambda: c.fetch("x") and None)
+
+                def send_once() -> None:
+                    assert c.send({"x": x}).received == 1
+
+                def fetch_once() -> None:
+                    assert c.fetch("x").numel() == x.numel()
+
+                send = gibs(size, a.reps, send_once)
+                fetch = gibs(size, a.reps, fetch_once)
             rows[f"tensorwire {scheme}"] = {"send": send, "fetch": fetch}
             print(f"tensorwire {scheme:<5}             send {send:7.3f} GiB/s  fetch {fetch:7.3f} GiB/s", flush=True)
 
