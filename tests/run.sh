@@ -25,6 +25,7 @@ export TENSORWIRE_REQUIRE_PYTHON=1
 
 echo "== structure: no import cycle between the files of any crate"
 python3 tools/import_cycles.py
+python3 tools/import_cycles.py python/src
 
 echo "== Rust tests (workspace; feature fuzzing replays the fuzz corpus)"
 if cargo nextest --version >/dev/null 2>&1; then
@@ -36,3 +37,33 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --features fuzzing "$@"
 fi
+
+echo "== Python package (python/): clippy, build into $venv, pytest tests/python/"
+# python/ is its own workspace (an extension module cannot link the
+# workspace's test binaries; see python/README.md): lint it here, and share
+# the workspace's target directory so its dependencies build once.
+target_dir="$(cargo metadata --format-version 1 --no-deps | "$TENSORWIRE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+CARGO_TARGET_DIR="$target_dir" cargo clippy --manifest-path python/Cargo.toml --all-targets --quiet -- -D warnings
+cargo build --quiet --bin tensorwire --example client
+# Rebuild the package only when a source it is built from changed.
+pykey="$(cat Cargo.lock python/Cargo.lock python/Cargo.toml python/pyproject.toml Cargo.toml \
+  $(git ls-files -co --exclude-standard python/src python/tensorwire src codecs transports proto 2>/dev/null | grep -v '^src/bin/' | sort) \
+  | sha256sum | cut -c1-16)"
+if [ "$(cat "$venv/.tensorwire-python-key" 2>/dev/null)" != "$pykey" ] || ! "$TENSORWIRE_PYTHON" -c "import tensorwire" >/dev/null 2>&1; then
+  echo "== building the tensorwire Python package (maturin develop)"
+  VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target_dir" \
+    "$venv/bin/maturin" develop --quiet -m python/Cargo.toml
+  echo "$pykey" > "$venv/.tensorwire-python-key"
+fi
+rc=0
+TENSORWIRE_BIN="$target_dir/debug/tensorwire" "$TENSORWIRE_PYTHON" -m pytest -q tests/python/ || rc=$?
+if [ "$rc" -eq 5 ]; then
+  # pytest's "no tests collected": the suite vanished, which is a failure here.
+  echo "pytest collected no tests in tests/python/" >&2
+  exit 1
+elif [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
+echo "== the Python package and its examples type-check (mypy --strict, with the package's stubs)"
+(cd python && "$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary tensorwire)
+"$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary examples/python/
