@@ -368,30 +368,22 @@ mod suite {
     }
 }
 
+/// Runs every test of `suite` on each transport: `mod tcp { fn ... }`, ...
 macro_rules! transport_suite {
     ($($name:ident => $scheme:literal),* $(,)?) => {$(
         mod $name {
             use super::suite;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn send_then_fetch_every_sample() { suite::send_then_fetch_every_sample($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn exchange_echoes_in_order() { suite::exchange_echoes_in_order($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn compute_builtins() { suite::compute_builtins($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sixty_four_concurrent_calls() { suite::sixty_four_concurrent_calls($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn handler_errors_are_typed_and_the_connection_survives() { suite::handler_errors_are_typed_and_the_connection_survives($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn compressed_and_checksummed_transfers() { suite::compressed_and_checksummed_transfers($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn torch_and_safetensors_codecs_on_the_wire() { suite::torch_and_safetensors_codecs_on_the_wire($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() { suite::bad_input_gets_clear_errors_and_the_server_keeps_serving($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn blocking_client_and_fetch_by_shape() { suite::blocking_client_and_fetch_by_shape($scheme).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn progress_counts_every_payload_byte() { suite::progress_counts_every_payload_byte($scheme).await }
+            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
+        }
+    )*};
+}
+
+/// One `#[tokio::test]` per suite function, run on `$scheme`.
+macro_rules! suite_tests {
+    ($scheme:literal; $($test:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            suite::$test($scheme).await
         }
     )*};
 }

@@ -17,6 +17,21 @@ use tensorwire::{
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind};
 
+/// Reads (and drops) what the server sends until it closes the socket;
+/// false if it is still open after 20 s.
+async fn closed_by_server(s: &mut tokio::net::TcpStream) -> bool {
+    let mut sink = vec![0u8; 1 << 16];
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(n) = tokio::io::AsyncReadExt::read(s, &mut sink).await {
+            if n == 0 {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
 fn remote_code(e: &CallError) -> Code {
     e.status().map(|s| s.code).unwrap_or_else(|| e.code())
 }
@@ -221,17 +236,7 @@ async fn idle_and_silent_connections_are_reclaimed() {
     tensorwire_transports::mux::frame::Preface { version: 1, stream_window: 1 << 20, max_frame_payload: 1 << 20 }
         .encode(&mut pre);
     tokio::io::AsyncWriteExt::write_all(&mut s, &pre).await.unwrap();
-    let mut sink = vec![0u8; 1 << 16];
-    let closed = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut s, &mut sink).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the silent connection was closed");
+    assert!(closed_by_server(&mut s).await, "the silent connection was closed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,17 +280,7 @@ async fn a_grpc_client_that_sends_no_preface_is_closed() {
     let (server, _dir) = start(store_server(cfg), "grpc").await;
     let addr = tensorwire_transports::Endpoint::parse(&server.url()).unwrap().authority();
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut sink = [0u8; 256];
-    let closed = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut s, &mut sink).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the server closed the connection that sent no HTTP/2 preface");
+    assert!(closed_by_server(&mut s).await, "the server closed the connection that sent no HTTP/2 preface");
     let client = Client::connect(&server.url()).await.unwrap();
     assert!(client.health().await.unwrap());
 }

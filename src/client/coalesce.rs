@@ -96,19 +96,6 @@ impl Coalescer {
         args: Args,
     ) -> Result<Output, CallError> {
         let started = Instant::now();
-        let r = self.call_queued(client, function, max_batch, inputs, args).await;
-        client.record_logical_call(r.is_ok(), started.elapsed());
-        r
-    }
-
-    async fn call_queued<C: WireCall>(
-        &self,
-        client: &C,
-        function: &str,
-        max_batch: usize,
-        inputs: Vec<Tensor>,
-        args: Args,
-    ) -> Result<Output, CallError> {
         let q = self.queue(function, max_batch);
         let (reply, wait) = oneshot::channel();
         lock(&q.items).push_back(Waiting { inputs, args, reply });
@@ -117,7 +104,10 @@ impl Coalescer {
         } else {
             q.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        wait.await.unwrap_or_else(|_| Err(CallError::Remote(Status::internal("the coalesced call was dropped"))))
+        let r =
+            wait.await.unwrap_or_else(|_| Err(CallError::Remote(Status::internal("the coalesced call was dropped"))));
+        client.record_logical_call(r.is_ok(), started.elapsed());
+        r
     }
 }
 

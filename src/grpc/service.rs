@@ -99,6 +99,12 @@ impl Compat {
             .map_err(|s| tonic::Status::unauthenticated(format!("{} (metadata authorization: Bearer …)", s.message)))
     }
 
+    /// Checks the caller's token and starts `request` as a native call would.
+    async fn begin<T>(&self, req: &Request<T>, kind: StreamKind, request: v1::Request) -> Result<Piped, tonic::Status> {
+        self.check_auth(req)?;
+        self.start(kind, Self::peer(req), request).await
+    }
+
     fn chunk_size(&self) -> usize {
         let c = &self.inner.config;
         c.encoding.effective_chunk_size().min(c.transport.max_frame_payload as usize)
@@ -203,10 +209,8 @@ impl CompatApi for Compat {
         &self,
         req: Request<Streaming<TensorChunk>>,
     ) -> Result<Response<TensorResponse>, tonic::Status> {
-        self.check_auth(&req)?;
-        let peer = Self::peer(&req);
         let request = v1::Request { method: Method::Send as i32, ..Default::default() };
-        let Piped { mut writer, mut output } = self.start(StreamKind::Send, peer, request).await?;
+        let Piped { mut writer, mut output } = self.begin(&req, StreamKind::Send, request).await?;
         let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits, &self.inner.budget).await;
         if fed.is_err() {
             // The handler must not take a cut-off stream for a complete one.
@@ -233,15 +237,13 @@ impl CompatApi for Compat {
     type SendTensorsStream = ChunkStream;
 
     async fn send_tensors(&self, req: Request<TensorRequest>) -> Result<Response<ChunkStream>, tonic::Status> {
-        self.check_auth(&req)?;
-        let peer = Self::peer(&req);
-        let TensorRequest { count, parameters } = req.into_inner();
+        let TensorRequest { count, parameters } = req.get_ref().clone();
         let mut params: std::collections::HashMap<String, String> = parameters;
         if count > 0 {
             params.insert("count".into(), count.to_string());
         }
         let request = v1::Request { method: Method::Fetch as i32, params, ..Default::default() };
-        let Piped { mut writer, output } = self.start(StreamKind::Fetch, peer, request).await?;
+        let Piped { mut writer, output } = self.begin(&req, StreamKind::Fetch, request).await?;
         writer.finish().await.map_err(call_status)?;
         Ok(Response::new(drain(output, self.chunk_size(), None)))
     }
@@ -252,10 +254,8 @@ impl CompatApi for Compat {
         &self,
         req: Request<Streaming<TensorChunk>>,
     ) -> Result<Response<ChunkStream>, tonic::Status> {
-        self.check_auth(&req)?;
-        let peer = Self::peer(&req);
         let request = v1::Request { method: Method::Exchange as i32, ..Default::default() };
-        let Piped { mut writer, output } = self.start(StreamKind::Exchange, peer, request).await?;
+        let Piped { mut writer, output } = self.begin(&req, StreamKind::Exchange, request).await?;
         let limits = self.inner.config.limits.clone();
         let budget = self.inner.budget.clone();
         let chunks = req.into_inner();

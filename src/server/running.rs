@@ -60,14 +60,7 @@ impl RunningServer {
     /// calls, wait for calls in flight (up to `shutdown_grace`), then close
     /// every connection.
     pub async fn shutdown(mut self) {
-        // Stop accepting and wait until the listeners are closed, so the
-        // addresses are free again when this returns.
-        self.inner.serving.store(false, Ordering::Release);
-        self.inner.shutdown.cancel();
-        for t in self.tasks.drain(..) {
-            t.abort();
-            let _ = t.await;
-        }
+        self.stop_accepting().await;
         let deadline = tokio::time::Instant::now() + self.inner.config.shutdown_grace;
         loop {
             let idle = self.inner.idle.notified();
@@ -91,14 +84,18 @@ impl RunningServer {
     /// Stops at once: closes the listeners (the addresses are free when this
     /// returns) and every connection, without waiting for calls in flight.
     pub async fn abort(mut self) {
-        self.inner.serving.store(false, Ordering::Release);
-        self.inner.shutdown.cancel();
-        for t in self.tasks.drain(..) {
-            t.abort();
-            let _ = t.await;
-        }
+        self.stop_accepting().await;
         self.close_all();
         self.release().await;
+    }
+
+    /// Reports NOT_SERVING, refuses new calls, and stops accepting: waits
+    /// until the listeners are closed, so the addresses are free again.
+    async fn stop_accepting(&mut self) {
+        self.begin_shutdown_without_waiting();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
     }
 
     async fn release(&mut self) {
@@ -109,10 +106,11 @@ impl RunningServer {
         }
     }
 
-    fn begin_shutdown(&mut self) {
+    /// Reports NOT_SERVING, refuses new calls, aborts the accept tasks.
+    fn begin_shutdown_without_waiting(&mut self) {
         self.inner.serving.store(false, Ordering::Release);
         self.inner.shutdown.cancel();
-        for t in self.tasks.drain(..) {
+        for t in &self.tasks {
             t.abort();
         }
     }
@@ -128,7 +126,8 @@ impl RunningServer {
 impl Drop for RunningServer {
     fn drop(&mut self) {
         if !self.tasks.is_empty() {
-            self.begin_shutdown();
+            self.begin_shutdown_without_waiting();
+            self.tasks.clear();
             self.close_all();
         }
     }
