@@ -139,14 +139,15 @@ pub fn server_config(cfg: &TlsConfig, id: &ServerIdentity, alpn: &[&[u8]]) -> Re
 }
 
 /// Accepts a server whose leaf certificate has one SHA-256 fingerprint,
-/// whatever its issuer or names; signatures are still verified.
+/// whatever its issuer or names (signatures are still verified); with no
+/// pin, any certificate (`insecure_skip_verify_dangerous` only).
 #[derive(Debug)]
-struct PinnedVerifier {
-    pin: String,
+struct FingerprintVerifier {
+    pin: Option<String>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for PinnedVerifier {
+impl ServerCertVerifier for FingerprintVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -155,13 +156,13 @@ impl ServerCertVerifier for PinnedVerifier {
         _ocsp: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(pin) = &self.pin else { return Ok(ServerCertVerified::assertion()) };
         let got = fingerprint(end_entity);
-        if got == self.pin {
+        if &got == pin {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::General(format!(
-                "server certificate fingerprint sha256:{got} does not match the pinned sha256:{}",
-                self.pin
+                "server certificate fingerprint sha256:{got} does not match the pinned sha256:{pin}"
             )))
         }
     }
@@ -186,45 +187,6 @@ impl ServerCertVerifier for PinnedVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.provider.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// Accepts any certificate: `insecure_skip_verify_dangerous` only.
-#[derive(Debug)]
-struct NoVerification(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _e: &CertificateDer<'_>,
-        _i: &[CertificateDer<'_>],
-        _n: &ServerName<'_>,
-        _o: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -254,13 +216,15 @@ pub fn client_config(cfg: &TlsConfig, alpn: &[&[u8]]) -> Result<rustls::ClientCo
         tracing::warn!(
             "TLS certificate verification is OFF (insecure_skip_verify_dangerous): anyone can impersonate the server"
         );
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(p)))
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(FingerprintVerifier { pin: None, provider: p }))
     } else if let Some(pin) = &cfg.pin_sha256 {
         let pin = normalize_pin(pin);
         if pin.len() != 64 {
             return Err(format!("pin-sha256 must be 64 hex digits (got {})", pin.len()));
         }
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(PinnedVerifier { pin, provider: p }))
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(FingerprintVerifier { pin: Some(pin), provider: p }))
     } else if let Some(ca) = &cfg.ca_path {
         builder.with_root_certificates(load_roots(ca)?)
     } else {
