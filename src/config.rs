@@ -34,7 +34,7 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time a graceful shutdown waits for calls in flight.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Default wrong auth tokens a peer (by IP) may present within
-/// [`AUTH_FAILURE_WINDOW`] before it is refused until the window passes.
+/// a minute before it is refused for the rest of that minute.
 pub const DEFAULT_MAX_AUTH_FAILURES: u32 = 5;
 /// The window over which wrong auth tokens are counted.
 pub const AUTH_FAILURE_WINDOW: Duration = Duration::from_secs(60);
