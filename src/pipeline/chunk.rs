@@ -80,6 +80,7 @@ impl Chunker {
             info: self.info.take().map(Box::new),
             crc32c: if last { self.crc32c } else { None },
             shm_segment: 0,
+            ucx_tag: 0,
         };
         self.index += 1;
         Some((chunk, payload))
