@@ -138,6 +138,10 @@ pub(crate) struct Api {
     pub request_free: unsafe extern "C" fn(*mut c_void),
     pub status_string: unsafe extern "C" fn(Status) -> *const c_char,
     pub get_version_string: unsafe extern "C" fn() -> *const c_char,
+    pub cleanup: unsafe extern "C" fn(Context),
+    pub config_read: unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut c_void) -> Status,
+    pub config_modify: unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> Status,
+    pub config_release: unsafe extern "C" fn(*mut c_void),
 }
 
 // SAFETY: the table holds plain function pointers into a library that is
@@ -171,7 +175,13 @@ fn open(names: &[String]) -> Result<*mut c_void, String> {
     ))
 }
 
+/// Where to look for `lib`: the directory in `TENSORWIRE_UCX_LIBDIR` at run
+/// time (alone, when set), else the one pkg-config named at build time,
+/// then the loader's search path.
 fn candidates(lib: &str) -> Vec<String> {
+    if let Ok(dir) = std::env::var("TENSORWIRE_UCX_LIBDIR") {
+        return vec![format!("{dir}/{lib}")];
+    }
     let dir = env!("TENSORWIRE_UCX_LIBDIR");
     let mut v = Vec::new();
     if !dir.is_empty() {
@@ -214,6 +224,10 @@ fn load() -> Result<Api, String> {
         request_free: sym!(ucp, "ucp_request_free"),
         status_string: sym!(ucs, "ucs_status_string"),
         get_version_string: sym!(ucp, "ucp_get_version_string"),
+        cleanup: sym!(ucp, "ucp_cleanup"),
+        config_read: sym!(ucp, "ucp_config_read"),
+        config_modify: sym!(ucp, "ucp_config_modify"),
+        config_release: sym!(ucp, "ucp_config_release"),
     })
 }
 
@@ -235,43 +249,174 @@ pub(crate) fn status_str(api: &Api, s: Status) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// The process's UCP context and what it can do.
+#[derive(Clone, Copy)]
+pub(crate) struct Ctx {
+    pub api: &'static Api,
+    pub ctx: Context,
+    /// Endpoints can use peer failure mode (a dead peer fails operations).
+    pub peer_failure: bool,
+}
+// SAFETY: a UCP context created with mt_workers_shared may be used by
+// workers on different threads; the pointer itself is just an address.
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+fn init(api: &'static Api, tls: Option<&str>) -> Result<Context, String> {
+    let mut params: Params = {
+        // SAFETY: integers, null pointers and bytes: all-zero is valid.
+        unsafe { std::mem::zeroed() }
+    };
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;
+    let mut config: *mut c_void = std::ptr::null_mut();
+    // SAFETY: null prefix and file: UCX reads UCX_* from the environment.
+    let s = unsafe { (api.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
+    if s != UCS_OK {
+        return Err(format!("ucp_config_read: {}", status_str(api, s)));
+    }
+    if let Some(tls) = tls {
+        let v = std::ffi::CString::new(tls).map_err(|e| e.to_string())?;
+        // SAFETY: a live config and NUL-terminated strings.
+        let s = unsafe { (api.config_modify)(config, c"TLS".as_ptr(), v.as_ptr()) };
+        if s != UCS_OK {
+            // SAFETY: releasing the config read above.
+            unsafe { (api.config_release)(config) };
+            return Err(format!("UCX_TLS={tls}: {}", status_str(api, s)));
+        }
+    }
+    let mut ctx: Context = std::ptr::null_mut();
+    // SAFETY: valid params, config and out-pointer.
+    let s = unsafe { (api.init_version)(API_MAJOR, API_MINOR, &params, config, &mut ctx) };
+    // SAFETY: UCX copied what it needs from the config.
+    unsafe { (api.config_release)(config) };
+    if s != UCS_OK {
+        return Err(format!("ucp_init failed: {}", status_str(api, s)));
+    }
+    Ok(ctx)
+}
+
+/// True when an endpoint between two workers of `ctx` can use peer failure
+/// mode: UCX 1.13's shared-memory transports (sysv, posix) cannot, so with
+/// `UCX_TLS=sm,self` it is refused.
+fn probe_peer_failure(api: &'static Api, ctx: Context) -> bool {
+    let params = WorkerParams { field_mask: 0, _rest: [0; 512] };
+    let (mut a, mut b): (Worker, Worker) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live context, valid params and out-pointers.
+    if unsafe { (api.worker_create)(ctx, &params, &mut a) } != UCS_OK {
+        return false;
+    }
+    // SAFETY: as above.
+    if unsafe { (api.worker_create)(ctx, &params, &mut b) } != UCS_OK {
+        // SAFETY: a was created above and is unused.
+        unsafe { (api.worker_destroy)(a) };
+        return false;
+    }
+    let mut ok = false;
+    let mut addr: *mut Address = std::ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: live worker, valid out-pointers.
+    if unsafe { (api.worker_get_address)(b, &mut addr, &mut len) } == UCS_OK {
+        let ep_params = EpParams {
+            field_mask: UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+            address: addr,
+            err_mode: UCP_ERR_HANDLING_MODE_PEER,
+            err_cb: None,
+            err_arg: std::ptr::null_mut(),
+            _rest: [0; 128],
+        };
+        let mut ep: Ep = std::ptr::null_mut();
+        // SAFETY: live worker and an address of a live worker.
+        if unsafe { (api.ep_create)(a, &ep_params, &mut ep) } == UCS_OK {
+            ok = true;
+            let mut p = RequestParam::zeroed();
+            p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+            // SAFETY: the endpoint just created, closed once.
+            let r = unsafe { (api.ep_close_nbx)(ep, &p) };
+            if !r.is_null() && !ptr_is_err(r) {
+                // SAFETY (loop): live workers and request.
+                while unsafe { (api.request_check_status)(r) } == UCS_INPROGRESS {
+                    unsafe { (api.worker_progress)(a) };
+                    unsafe { (api.worker_progress)(b) };
+                }
+                // SAFETY: completed request, freed once.
+                unsafe { (api.request_free)(r) };
+            }
+        }
+        // SAFETY: the address came from worker b.
+        unsafe { (api.worker_release_address)(b, addr) };
+    }
+    // SAFETY: no endpoints or operations remain on either worker.
+    unsafe {
+        (api.worker_destroy)(a);
+        (api.worker_destroy)(b);
+    }
+    ok
+}
+
+/// `UCX_TLS` without the single-copy transports (cma, knem, xpmem), `sm`
+/// spelled out as the transports that stay.
+fn without_single_copy(tls: &str) -> String {
+    let single_copy = ["cma", "knem", "xpmem"];
+    if let Some(neg) = tls.strip_prefix('^') {
+        return format!("^{},cma,knem,xpmem", neg);
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for t in tls.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        match t {
+            "sm" | "shm" => out.extend(["sysv", "posix"]),
+            "all" => return "^cma,knem,xpmem".into(),
+            t if single_copy.contains(&t) => {}
+            t => out.push(t),
+        }
+    }
+    out.join(",")
+}
+
 /// The UCP context of this process, created at first use with UCX's
 /// configuration from the environment (`UCX_TLS`, `UCX_NET_DEVICES`, ...).
 /// Shared by every connection's worker (`mt_workers_shared`); never freed.
-pub(crate) fn context() -> Result<(&'static Api, Context), String> {
-    struct Ctx(Context);
-    // SAFETY: a UCP context created with mt_workers_shared may be used by
-    // workers on different threads; the pointer itself is just an address.
-    unsafe impl Send for Ctx {}
-    // SAFETY: as above.
-    unsafe impl Sync for Ctx {}
+///
+/// Where the configured transports cannot detect a dead peer (UCX 1.13's
+/// sysv/posix), the single-copy transports are left out: UCX aborts the
+/// process when a `cma` copy from a dead process fails on an endpoint
+/// without peer failure mode, while copies through shared-memory segments
+/// cannot fail that way. The TCP control socket detects the dead peer.
+pub(crate) fn context() -> Result<Ctx, String> {
     static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
     let api = api()?;
-    let ctx = CTX.get_or_init(|| {
-        let mut params: Params = {
-            // SAFETY: integers, null pointers and bytes: all-zero is valid.
-            unsafe { std::mem::zeroed() }
-        };
-        params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-        params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-        params.mt_workers_shared = 1;
-        let mut ctx: Context = std::ptr::null_mut();
-        // SAFETY: valid params and out-pointer; a null config makes UCX read
-        // its configuration from the environment.
-        let s = unsafe { (api.init_version)(API_MAJOR, API_MINOR, &params, std::ptr::null(), &mut ctx) };
-        if s != UCS_OK {
-            return Err(format!("ucp_init failed: {}", status_str(api, s)));
+    CTX.get_or_init(|| {
+        let ctx = init(api, None)?;
+        if probe_peer_failure(api, ctx) {
+            return Ok(Ctx { api, ctx, peer_failure: true });
         }
-        Ok(Ctx(ctx))
-    });
-    match ctx {
-        Ok(c) => Ok((api, c.0)),
-        Err(e) => Err(e.clone()),
-    }
+        let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "all".into());
+        let reduced = without_single_copy(&tls);
+        // SAFETY: nothing else uses this context yet.
+        unsafe { (api.cleanup)(ctx) };
+        tracing::info!(
+            ucx_tls = %tls,
+            using = %reduced,
+            "UCX transports without peer failure detection: single-copy transports (cma) left out"
+        );
+        let ctx = init(api, Some(&reduced))?;
+        Ok(Ctx { api, ctx, peer_failure: false })
+    })
+    .clone()
 }
 
-/// The version string of the loaded libucp.
-pub(crate) fn version() -> Result<String, String> {
+/// Whether this process's UCX endpoints detect dead peers (peer failure
+/// mode), once UCX is loaded.
+pub fn ucx_peer_failure_detection() -> Result<bool, String> {
+    context().map(|c| c.peer_failure)
+}
+
+/// The version of the UCX library this process loaded (e.g. "1.13.1"), or
+/// why it could not load one.
+pub fn ucx_version() -> Result<String, String> {
     let api = api()?;
     // SAFETY: returns a static NUL-terminated string.
     let p = unsafe { (api.get_version_string)() };

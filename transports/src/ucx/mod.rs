@@ -52,9 +52,5 @@ mod rendezvous;
 mod worker;
 
 pub use conn::{connect, listen};
-
-/// The version of the UCX library this process loaded, or why it could not
-/// load one.
-pub fn ucx_version() -> Result<String, String> {
-    ffi::version()
-}
+pub use ffi::{ucx_peer_failure_detection, ucx_version};
+pub use worker::{UcxStats, stats};

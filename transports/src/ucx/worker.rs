@@ -10,14 +10,17 @@
 //! Buffer lifetime: a payload handed to UCX (a send's `Bytes`, a receive's
 //! `Vec`) lives in the operation's box, which the thread frees only after
 //! UCX reported the operation complete (done, failed or cancelled). When a
-//! worker is torn down, outstanding operations are cancelled and progressed
-//! to completion; any UCX still holds after that are leaked, never freed
-//! under it.
+//! worker is torn down, unmatched receives are cancelled and the endpoint
+//! is force-closed, which completes the other operations with an error;
+//! operations UCX has not completed within two seconds fail, and their
+//! buffers are freed only once the worker is destroyed and only where no
+//! transfer can bypass its progress (otherwise leaked, counted in
+//! [`UcxStats::operations_abandoned`]), never freed under UCX.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +34,40 @@ use crate::sync::lock;
 const SPIN: u32 = 64;
 /// How long teardown waits for cancelled operations to complete.
 const TEARDOWN: Duration = Duration::from_secs(2);
+
+static OUTSTANDING: AtomicU64 = AtomicU64::new(0);
+static BYTES_SENT: AtomicU64 = AtomicU64::new(0);
+static BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
+static WORKERS: AtomicU64 = AtomicU64::new(0);
+static ABANDONED: AtomicU64 = AtomicU64::new(0);
+
+/// Process-wide counters of the UCX transport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UcxStats {
+    /// Operations handed to UCX and not completed yet: each holds a
+    /// payload buffer (and UCX's registration of it).
+    pub operations_outstanding: u64,
+    /// Payload bytes UCX delivered to peers.
+    pub bytes_sent: u64,
+    /// Payload bytes received through UCX.
+    pub bytes_received: u64,
+    /// UCP workers alive (one per connection).
+    pub workers: u64,
+    /// Operations UCX had not completed when their connection was torn
+    /// down: failed, their buffers deliberately leaked.
+    pub operations_abandoned: u64,
+}
+
+/// The counters now.
+pub fn stats() -> UcxStats {
+    UcxStats {
+        operations_outstanding: OUTSTANDING.load(Ordering::Relaxed),
+        bytes_sent: BYTES_SENT.load(Ordering::Relaxed),
+        bytes_received: BYTES_RECEIVED.load(Ordering::Relaxed),
+        workers: WORKERS.load(Ordering::Relaxed),
+        operations_abandoned: ABANDONED.load(Ordering::Relaxed),
+    }
+}
 
 /// Result of a receive: the buffer, cut to the length that arrived.
 pub(crate) type RecvResult = Result<Vec<u8>, String>;
@@ -68,6 +105,8 @@ impl Shared {
 struct Raw {
     api: &'static Api,
     worker: Worker,
+    /// Use peer failure mode (see [`ffi::context`]).
+    peer_failure: bool,
 }
 // SAFETY: the worker is created on the caller's thread and from then on used
 // only by the progress thread it is moved to (thread mode SINGLE allows one
@@ -90,7 +129,7 @@ impl WorkerHandle {
     /// Creates a worker (its progress thread starts once the peer's address
     /// is known, in [`connect`](Self::connect)).
     pub(crate) fn new(peer: &str) -> Result<(Self, PendingWorker), String> {
-        let (api, ctx) = ffi::context()?;
+        let ffi::Ctx { api, ctx, peer_failure } = ffi::context()?;
         let params = ffi::WorkerParams { field_mask: 0, _rest: [0; 512] };
         let mut worker: Worker = std::ptr::null_mut();
         // SAFETY: live context, valid params and out-pointer.
@@ -98,7 +137,7 @@ impl WorkerHandle {
         if s != ffi::UCS_OK {
             return Err(format!("ucp_worker_create: {}", ffi::status_str(api, s)));
         }
-        let raw = Raw { api, worker };
+        let raw = Raw { api, worker, peer_failure };
         let address = match raw.address() {
             Ok(a) => a,
             Err(e) => {
@@ -228,20 +267,13 @@ impl Raw {
         Ok(v)
     }
 
-    /// Creates the endpoint to the peer's worker. Peer failure mode first:
-    /// a dead peer then fails our operations instead of aborting the process
-    /// or hanging. UCX 1.13's shared-memory transports (sysv, posix, cma)
-    /// lack failure detection and refuse that mode, so where it is
-    /// unreachable the endpoint is created without it; the TCP control
-    /// socket still detects a dead peer and the worker is torn down.
+    /// Creates the endpoint to the peer's worker, in peer failure mode when
+    /// the process's transports support it (a dead peer then fails our
+    /// operations instead of hanging them). Without it (UCX 1.13's sysv and
+    /// posix), the TCP control socket detects a dead peer and the worker is
+    /// torn down.
     fn ep_create(&self, peer: &[u8], arg: *mut c_void) -> Result<Ep, String> {
-        match self.ep_create_mode(peer, arg, true) {
-            Ok(ep) => Ok(ep),
-            Err(first) => {
-                tracing::debug!(error = %first, "no UCX transport with peer failure detection; using one without");
-                self.ep_create_mode(peer, arg, false).map_err(|e| format!("{first}; without failure detection: {e}"))
-            }
-        }
+        self.ep_create_mode(peer, arg, self.peer_failure)
     }
 
     fn ep_create_mode(&self, peer: &[u8], arg: *mut c_void, peer_mode: bool) -> Result<Ep, String> {
@@ -284,7 +316,7 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: Ep, status: ffi::Status)
 }
 
 enum OpKind {
-    Send { _data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
+    Send { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
     Recv { buf: Vec<u8>, done: Option<oneshot::Sender<RecvResult>> },
 }
 
@@ -328,6 +360,7 @@ unsafe extern "C" fn on_recv(
 
 impl Progress {
     fn run(mut self) {
+        WORKERS.fetch_add(1, Ordering::Relaxed);
         let api = self.raw.api;
         let mut efd: libc::c_int = -1;
         // SAFETY: live worker (created with UCP_FEATURE_WAKEUP).
@@ -396,7 +429,7 @@ impl Progress {
         let (kind, ptr, len, is_send, tag) = match cmd {
             Cmd::Send { tag, data, done } => {
                 let (p, l) = (data.as_ptr() as *mut c_void, data.len());
-                (OpKind::Send { _data: data, done: Some(done) }, p, l, true, tag)
+                (OpKind::Send { data, done: Some(done) }, p, l, true, tag)
             }
             Cmd::Recv { tag, mut buf, done } => {
                 let (p, l) = (buf.as_mut_ptr() as *mut c_void, buf.len());
@@ -435,6 +468,7 @@ impl Progress {
         } else {
             op.request = r;
         }
+        OUTSTANDING.fetch_add(1, Ordering::Relaxed);
         self.ops.insert(id, op);
     }
 
@@ -444,6 +478,7 @@ impl Progress {
         let done: Vec<u64> = self.ops.iter().filter(|(_, o)| o.result.is_some()).map(|(id, _)| *id).collect();
         for id in done {
             let Some(mut op) = self.ops.remove(&id) else { continue };
+            OUTSTANDING.fetch_sub(1, Ordering::Relaxed);
             if !op.request.is_null() {
                 // SAFETY: the request completed (its callback ran) and is
                 // freed exactly once, here.
@@ -453,7 +488,10 @@ impl Progress {
             let (status, len) = op.result.unwrap_or((ffi::UCS_OK, 0));
             let err = (status != ffi::UCS_OK).then(|| self.describe(status));
             match op.kind {
-                OpKind::Send { ref mut done, .. } => {
+                OpKind::Send { ref mut done, ref data } => {
+                    if err.is_none() {
+                        BYTES_SENT.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
                     if let Some(d) = done.take() {
                         let _ = d.send(err.map_or(Ok(()), Err));
                     }
@@ -465,6 +503,7 @@ impl Progress {
                             None => {
                                 let mut b = std::mem::take(buf);
                                 b.truncate(len);
+                                BYTES_RECEIVED.fetch_add(len as u64, Ordering::Relaxed);
                                 Ok(b)
                             }
                         };
@@ -488,53 +527,72 @@ impl Progress {
         lock(&self.shared.failed).get_or_insert_with(|| "connection closed".into());
         // Commands that arrived after the stop: fail them.
         drop(std::mem::take(&mut *lock(&self.shared.queue)));
+        // Receives not matched yet can be cancelled; sends and matched
+        // receives are completed with an error by the forced close.
         for op in self.ops.values() {
-            if !op.request.is_null() && op.result.is_none() {
+            if !op.request.is_null() && op.result.is_none() && matches!(op.kind, OpKind::Recv { .. }) {
                 // SAFETY: a live request of this worker.
                 unsafe { (api.request_cancel)(self.raw.worker, op.request) };
             }
         }
-        let deadline = Instant::now() + TEARDOWN;
-        while self.ops.values().any(|o| o.result.is_none()) && Instant::now() < deadline {
-            // SAFETY: live worker, its own thread.
-            unsafe { (api.worker_progress)(self.raw.worker) };
-            self.reap();
-        }
-        self.reap();
         // Close the endpoint without flushing (the peer may be gone).
         let mut param = ffi::RequestParam::zeroed();
         param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = ffi::UCP_EP_CLOSE_FLAG_FORCE;
         // SAFETY: live endpoint, closed once.
-        let r = unsafe { (api.ep_close_nbx)(self.ep, &param) };
-        let mut closed = true;
-        if !r.is_null() && !ffi::ptr_is_err(r) {
-            let deadline = Instant::now() + TEARDOWN;
-            // SAFETY (loop body): live worker and request.
-            while unsafe { (api.request_check_status)(r) } == ffi::UCS_INPROGRESS && Instant::now() < deadline {
-                unsafe { (api.worker_progress)(self.raw.worker) };
-            }
-            // SAFETY: as above.
-            if unsafe { (api.request_check_status)(r) } == ffi::UCS_INPROGRESS {
-                closed = false;
-            } else {
-                // SAFETY: completed request, freed once.
-                unsafe { (api.request_free)(r) };
-            }
+        let mut close = unsafe { (api.ep_close_nbx)(self.ep, &param) };
+        if close.is_null() || ffi::ptr_is_err(close) {
+            close = std::ptr::null_mut();
         }
-        let stuck = !self.ops.is_empty();
-        if stuck || !closed {
-            // UCX still owns requests (and may write into their buffers):
-            // leak them and the worker rather than free memory under it.
-            tracing::warn!(ops = self.ops.len(), "UCX operations did not complete at teardown; leaking them");
-            for (_, op) in self.ops.drain() {
-                Box::leak(op);
+        let deadline = Instant::now() + TEARDOWN;
+        loop {
+            // SAFETY: live worker and (when non-null) close request.
+            let closing = !close.is_null() && unsafe { (api.request_check_status)(close) } == ffi::UCS_INPROGRESS;
+            if !closing && !close.is_null() {
+                // SAFETY: the close request completed; freed once.
+                unsafe { (api.request_free)(close) };
+                close = std::ptr::null_mut();
             }
-            // The error handler's argument must outlive the endpoint.
-            std::mem::forget(self.shared.clone());
-            return;
+            self.reap();
+            if (!closing && self.ops.is_empty()) || Instant::now() >= deadline {
+                break;
+            }
+            // SAFETY: live worker, its own thread.
+            unsafe { (api.worker_progress)(self.raw.worker) };
         }
-        // SAFETY: no endpoint and no operation remain on the worker.
+        // Operations UCX did not complete within the deadline: fail their
+        // callers now.
+        let mut stuck: Vec<Box<Op>> = self.ops.drain().map(|(_, op)| op).collect();
+        for op in &mut stuck {
+            let why = "UCX operation abandoned: the connection closed".to_string();
+            match &mut op.kind {
+                OpKind::Send { done, .. } => drop(done.take().map(|d| d.send(Err(why)))),
+                OpKind::Recv { done, .. } => drop(done.take().map(|d| d.send(Err(why)))),
+            }
+            OUTSTANDING.fetch_sub(1, Ordering::Relaxed);
+        }
+        // SAFETY: the endpoint is closed (or abandoned with its requests,
+        // which the worker's destruction releases); no callback and no
+        // transfer driven by this worker runs after this.
         unsafe { (api.worker_destroy)(self.raw.worker) };
+        if !stuck.is_empty() {
+            if self.raw.peer_failure {
+                // With peer failure mode UCX completes every operation of a
+                // force-closed endpoint; one it did not may have a transfer
+                // UCX does not drive from this worker (an RDMA NIC, a peer's
+                // cma read): leak its buffer rather than free memory in use.
+                tracing::warn!(ops = stuck.len(), "UCX operations did not complete at teardown; leaking their buffers");
+                for op in stuck {
+                    ABANDONED.fetch_add(1, Ordering::Relaxed);
+                    Box::leak(op);
+                }
+            } else {
+                // Without it the context has no single-copy transport (see
+                // ffi::context): every byte into or out of these buffers
+                // was copied by this worker's progress, which is over.
+                drop(stuck);
+            }
+        }
+        WORKERS.fetch_sub(1, Ordering::Relaxed);
     }
 }
