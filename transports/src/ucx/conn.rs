@@ -112,7 +112,7 @@ enum Failure {
 }
 
 impl Failure {
-    fn to_connect(self, endpoint: &Endpoint) -> ConnectError {
+    fn into_connect(self, endpoint: &Endpoint) -> ConnectError {
         match self {
             Failure::Ucx(reason) => ConnectError::Config { endpoint: endpoint.to_string(), reason },
             Failure::Io(source) if source.kind() == std::io::ErrorKind::InvalidData => {
@@ -141,7 +141,7 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
         .map_err(|source| ConnectError::Io { endpoint: endpoint.to_string(), source })?;
     tune(&s);
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| endpoint.authority());
-    establish(s, Role::Client, peer, config).await.map_err(|f| f.to_connect(endpoint))
+    establish(s, Role::Client, peer, config).await.map_err(|f| f.into_connect(endpoint))
 }
 
 struct UcxAccept(TcpListener);

@@ -191,6 +191,9 @@ fn candidates(lib: &str) -> Vec<String> {
     v
 }
 
+// Each transmute's target is the type of the Api field it initialises,
+// spelled once in the struct above.
+#[allow(clippy::missing_transmute_annotations)]
 fn load() -> Result<Api, String> {
     let ucs = open(&candidates("libucs.so.0"))?;
     let ucp = open(&candidates("libucp.so.0"))?;
