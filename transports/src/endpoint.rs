@@ -260,6 +260,8 @@ mod tests {
         assert_eq!(e.query("shm"), Some("1"));
         assert_eq!(e.to_string(), "unix:///tmp/a.sock?shm=1");
         assert_eq!(Endpoint::parse("grpc+unix:///x").unwrap().scheme(), Scheme::GrpcUnix);
+        let u = Endpoint::parse("ucx://10.0.0.2:7070").unwrap();
+        assert_eq!((u.scheme(), u.host(), u.port()), (Scheme::Ucx, "10.0.0.2", 7070));
         assert_eq!(Endpoint::parse("shm://train-0").unwrap().name(), "train-0");
         assert_eq!(Endpoint::parse("grpcs://example.com:443").unwrap().to_string(), "grpcs://example.com:443");
     }

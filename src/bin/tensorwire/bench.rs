@@ -129,7 +129,7 @@ fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), Bo
 /// `ucx://` send and fetch of `size` bytes against `ucx_perftest -t
 /// ucp_put_bw` of the same size, run now (same UCX_* environment).
 fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), BoxError> {
-    let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(10, 2000);
+    let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
     let put = ucx_perftest("ucp_put_bw", size, iters)?.gib_per_s;
     for (dir, g) in [("send", sent), ("fetch", fetched)] {
         if a.json {
