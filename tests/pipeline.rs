@@ -389,6 +389,10 @@ macro_rules! suite_tests {
 }
 
 transport_suite!(tcp => "tcp", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix", shm => "shm");
+// Over whichever UCX transports UCX_TLS selects (tests/run.sh runs it with
+// UCX_TLS=tcp and with UCX_TLS=sm,self).
+#[cfg(feature = "ucx")]
+transport_suite!(ucx => "ucx");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_on_tcp() {

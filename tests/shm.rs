@@ -162,6 +162,7 @@ async fn frames_that_lie_about_segments_are_refused() {
             last: true,
             info: Some(Box::new(info.clone())),
             shm_segment: segment,
+            ucx_tag: 0,
             compression: v1::Compression::None as i32,
             ..Default::default()
         };

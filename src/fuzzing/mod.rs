@@ -133,7 +133,7 @@ pub fn reassembly(data: &[u8]) {
 /// The skytorch chunk reassembler and the torch decoder behind it: the
 /// input is a sequence of protobuf `TensorChunk`s, each prefixed by a
 /// 2-byte little-endian length.
-#[cfg(feature = "torch")]
+#[cfg(feature = "grpc")]
 pub fn compat_chunks(data: &[u8]) {
     use tensorwire_proto::compat::TensorChunk;
     let limits = crate::Limits { max_tensor_bytes: 64 << 20, ..Default::default() };

@@ -44,6 +44,8 @@ pub struct TransportConfig {
     pub grpc: GrpcConfig,
     /// Shared-memory settings (`shm://`, and `unix://` upgraded to it).
     pub shm: ShmConfig,
+    /// UCX settings (`ucx://`).
+    pub ucx: UcxConfig,
 }
 
 impl Default for TransportConfig {
@@ -62,6 +64,7 @@ impl Default for TransportConfig {
             quic: QuicConfig::default(),
             grpc: GrpcConfig::default(),
             shm: ShmConfig::default(),
+            ucx: UcxConfig::default(),
         }
     }
 }
@@ -103,6 +106,28 @@ impl Default for ShmConfig {
             max_in_flight: 1 << 30,
             segment_timeout: Duration::from_secs(30),
         }
+    }
+}
+
+/// `ucx://`: chunk payloads at least `min_chunk_bytes` large travel as UCX
+/// tagged messages (rendezvous: the receiver pulls them into its buffer,
+/// zero-copy on RDMA NICs); smaller frames go over the TCP control socket.
+#[derive(Clone, Debug)]
+pub struct UcxConfig {
+    /// Smallest uncompressed chunk payload sent through UCX (default 64 KiB).
+    pub min_chunk_bytes: usize,
+    /// Payload bytes one stream may have handed to UCX and not yet seen
+    /// delivered; the sender waits beyond it (default 256 MiB).
+    pub max_in_flight: usize,
+    /// A payload not delivered (sender) or not arrived (receiver) within
+    /// this long fails its stream: the peer stopped reading or lied about a
+    /// payload (default 60 s).
+    pub rendezvous_timeout: Duration,
+}
+
+impl Default for UcxConfig {
+    fn default() -> Self {
+        Self { min_chunk_bytes: 64 << 10, max_in_flight: 256 << 20, rendezvous_timeout: Duration::from_secs(60) }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Endpoint URLs: `tcp://host:port`, `unix:///path`, `quic://host:port`,
-//! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`.
+//! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`,
+//! `ucx://host:port`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -23,12 +24,22 @@ pub enum Scheme {
     GrpcUnix,
     /// `shm://name`: shared-memory payloads, control over a Unix socket
     Shm,
+    /// `ucx://host:port`: control over TCP, large payloads through UCX
+    Ucx,
 }
 
 impl Scheme {
     /// Every scheme.
-    pub const ALL: [Scheme; 7] =
-        [Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix, Scheme::Shm];
+    pub const ALL: [Scheme; 8] = [
+        Scheme::Tcp,
+        Scheme::Unix,
+        Scheme::Quic,
+        Scheme::Grpc,
+        Scheme::Grpcs,
+        Scheme::GrpcUnix,
+        Scheme::Shm,
+        Scheme::Ucx,
+    ];
 
     /// The URL prefix without `://`.
     pub const fn as_str(self) -> &'static str {
@@ -40,6 +51,7 @@ impl Scheme {
             Scheme::Grpcs => "grpcs",
             Scheme::GrpcUnix => "grpc+unix",
             Scheme::Shm => "shm",
+            Scheme::Ucx => "ucx",
         }
     }
 
@@ -51,6 +63,7 @@ impl Scheme {
             Scheme::Quic => "quic",
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => "grpc",
             Scheme::Shm => "shm",
+            Scheme::Ucx => "ucx",
         }
     }
 
@@ -62,6 +75,7 @@ impl Scheme {
             Scheme::Quic => cfg!(feature = "quic"),
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => cfg!(feature = "grpc"),
             Scheme::Shm => cfg!(feature = "shm"),
+            Scheme::Ucx => cfg!(feature = "ucx"),
         }
     }
 
@@ -107,7 +121,7 @@ impl Endpoint {
         })?;
         let scheme =
             Scheme::ALL.into_iter().find(|s| s.as_str() == scheme_str.to_ascii_lowercase()).ok_or_else(|| {
-                err(&format!("unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm"))
+                err(&format!("unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm, ucx"))
             })?;
         let (body, query_str) = rest.split_once('?').unwrap_or((rest, ""));
         let mut query = Vec::new();
@@ -246,6 +260,8 @@ mod tests {
         assert_eq!(e.query("shm"), Some("1"));
         assert_eq!(e.to_string(), "unix:///tmp/a.sock?shm=1");
         assert_eq!(Endpoint::parse("grpc+unix:///x").unwrap().scheme(), Scheme::GrpcUnix);
+        let u = Endpoint::parse("ucx://10.0.0.2:7070").unwrap();
+        assert_eq!((u.scheme(), u.host(), u.port()), (Scheme::Ucx, "10.0.0.2", 7070));
         assert_eq!(Endpoint::parse("shm://train-0").unwrap().name(), "train-0");
         assert_eq!(Endpoint::parse("grpcs://example.com:443").unwrap().to_string(), "grpcs://example.com:443");
     }

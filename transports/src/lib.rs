@@ -15,6 +15,7 @@
 //!   quic://        : one QUIC stream per logical stream
 //!   grpc://        : one HTTP/2 call per logical stream (tonic)
 //!   shm://         : mux over a Unix socket, large payloads in shared memory
+//!   ucx://         : mux over a TCP socket, large payloads through UCX (RDMA)
 //! ```
 //!
 //! ## Feature flags
@@ -26,6 +27,7 @@
 //! | `quic` | no | `quic://host:port` | quinn + rustls (ring) |
 //! | `grpc` | no | `grpc://`, `grpcs://`, `grpc+unix://` | [`grpc`]: tonic server, hyper HTTP/2 client, tuned windows |
 //! | `shm` | no | `shm://name` (and `unix://` upgraded) | [`shm`]: mux over Unix + sealed memfd segments passed by `SCM_RIGHTS` |
+//! | `ucx` | no | `ucx://host:port` | `ucx`: mux over TCP + UCX rendezvous for large payloads (needs libucx) |
 #![warn(missing_docs)]
 
 pub mod config;
@@ -43,6 +45,8 @@ mod sync;
 pub mod tcp;
 #[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 #[cfg(feature = "unix")]
 pub mod unix;
 
@@ -524,14 +528,14 @@ pub trait Transport: Send + Sync + 'static {
     async fn listen(&self, endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError>;
 }
 
-/// The built-in transports compiled into this build (TCP, Unix, QUIC, gRPC, shared memory).
+/// The built-in transports compiled into this build (TCP, Unix, QUIC, gRPC, shared memory, UCX).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Builtin;
 
 #[async_trait]
 impl Transport for Builtin {
     fn schemes(&self) -> &'static [Scheme] {
-        &[Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix, Scheme::Shm]
+        &Scheme::ALL
     }
 
     async fn connect(
@@ -565,6 +569,8 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::connect(endpoint, config).await,
             #[cfg(feature = "shm")]
             Scheme::Shm => unix::connect(endpoint, config).await,
+            #[cfg(feature = "ucx")]
+            Scheme::Ucx => ucx::connect(endpoint, config).await,
             #[allow(unreachable_patterns)]
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
@@ -589,6 +595,8 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
         Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => grpc::listen(endpoint, config).await,
         #[cfg(feature = "shm")]
         Scheme::Shm => unix::listen(endpoint, config).await,
+        #[cfg(feature = "ucx")]
+        Scheme::Ucx => ucx::listen(endpoint, config).await,
         #[allow(unreachable_patterns)]
         other => Err(ListenError::NotEnabled { scheme: other, feature: other.feature() }),
     }

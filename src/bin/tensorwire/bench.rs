@@ -6,7 +6,7 @@
 
 use crate::harness::{
     RawSocket, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
-    function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time,
+    function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time, ucx_perftest,
 };
 use clap::Args as ClapArgs;
 use tensorwire::{Client, ClientConfig, Server};
@@ -126,6 +126,32 @@ fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), Bo
     Ok(())
 }
 
+/// `ucx://` send and fetch of `size` bytes against `ucx_perftest -t
+/// ucp_put_bw` of the same size, run now (same UCX_* environment).
+fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), BoxError> {
+    let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
+    let put = ucx_perftest("ucp_put_bw", size, iters)?.gib_per_s;
+    for (dir, g) in [("send", sent), ("fetch", fetched)] {
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"transport": "ucx", "direction": dir, "size": size, "gib_per_s": g, "ucx_perftest_put_bw_gib_per_s": put, "ratio": g / put})
+            );
+        } else {
+            println!(
+                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs ucx_perftest -t ucp_put_bw",
+                "ucx",
+                dir,
+                human(size),
+                g,
+                put,
+                g / put
+            );
+        }
+    }
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
@@ -138,7 +164,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7}   one tensor client→server (send) and server→client (fetch) vs a raw socket copy (QUIC: raw quinn stream; gRPC: raw TCP; shm: memcpy into a new buffer), median of {rounds} alternating rounds",
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7}   one tensor client→server (send) and server→client (fetch) vs a raw socket copy (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: memcpy into a new buffer), median of {rounds} alternating rounds",
             "transport", "dir", "size", "GiB/s", "raw GiB/s", "ratio"
         );
     }
@@ -159,6 +185,9 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 fetched.push(gib_per_s(size, rt.block_on(fetch_time(&client, size, reps))?));
             }
             let b = median(base);
+            if scheme == "ucx" {
+                ucx_rows(&a, size, median(sent.clone()), median(fetched.clone()))?;
+            }
             for (dir, g) in [("send", median(sent)), ("fetch", median(fetched))] {
                 if a.json {
                     println!(
@@ -178,6 +207,23 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             let h = rt.block_on(call_round_trips(&client, 4096, a.round_trips))?;
             p50.push(h.quantile_ms(0.5));
             p99.push(h.quantile_ms(0.99));
+        }
+        if scheme == "ucx" {
+            // tag_lat reports one-way latency: twice that is its round trip.
+            let t = ucx_perftest("tag_lat", 4096, a.round_trips.max(1000))?;
+            let rtt_ms = 2.0 * t.p50_us / 1000.0;
+            let ours = median(p50.clone());
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"transport": "ucx", "rtt_4k_p50_ms": ours, "ucx_perftest_tag_lat_rtt_p50_ms": rtt_ms, "ratio": ours / rtt_ms})
+                );
+            } else {
+                println!(
+                    "ucx       4 KiB call p50 {ours:.4} ms vs ucx_perftest -t tag_lat -s 4096 p50 round trip {rtt_ms:.4} ms: ratio {:.1}",
+                    ours / rtt_ms
+                );
+            }
         }
         let cps = rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?;
         // (After the latency figures: this client's runtime sleeps meanwhile.)

@@ -63,6 +63,11 @@ impl Drop for SocketFile {
 
 #[cfg(feature = "quic")]
 mod raw_quic;
+mod ucx_perftest;
+
+// The criterion benches include this folder without using it.
+#[allow(unused_imports)]
+pub use ucx_perftest::ucx_perftest;
 
 /// Two connected ends of a raw socket, and the socket file to remove after.
 type RawPair = (Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>);

@@ -1,0 +1,285 @@
+//! `ucx://` beyond the shared pipeline suite: payloads really travel
+//! through UCX, a peer SIGKILLed mid-rendezvous (either side) leaves a
+//! clear error and nothing behind, frames that lie about UCX payloads are
+//! refused without a hang, and a missing libucx or an unreachable peer are
+//! clear errors. tests/run.sh runs this file with UCX_TLS=tcp and with
+//! UCX_TLS=sm,self.
+#![cfg(feature = "ucx")]
+
+mod common;
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use common::*;
+use tensorwire::builtins::random_tensor;
+use tensorwire::{Client, DType, ServerConfig};
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind, TransportConfig, ucx};
+
+/// Makes `child_process_client` send to this URL.
+const CHILD_URL: &str = "TENSORWIRE_TEST_UCX_CHILD_URL";
+/// Makes `child_process_server` serve a 256 MiB tensor.
+const CHILD_SERVER: &str = "TENSORWIRE_TEST_UCX_CHILD_SERVER";
+/// Makes `child_without_libucx` try to connect.
+const CHILD_NO_LIB: &str = "TENSORWIRE_TEST_UCX_CHILD_NO_LIB";
+
+const BIG: usize = 256 << 20;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Waits up to 10 s for `f` to hold.
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
+
+fn child(test: &str, var: &str, value: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", test, "--nocapture", "--test-threads=1"]).env(var, value);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payloads_travel_through_ucx_bit_exact() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let before = ucx::stats();
+    let t = random_tensor(DType::Float32, &[16, 1 << 20], 7).unwrap().with_name("big");
+    client.send(vec![t.clone()]).await.unwrap();
+    assert_same(&t, &client.fetch_one("big").await.unwrap());
+    let after = ucx::stats();
+    // Both directions of 64 MiB went through UCX (client and server share
+    // this process, so each byte counts once sent and once received).
+    assert!(after.bytes_received >= before.bytes_received + 2 * (64 << 20), "{before:?} -> {after:?}");
+    assert!(after.bytes_sent >= before.bytes_sent + 2 * (64 << 20), "{before:?} -> {after:?}");
+    // Small tensors stay on the control socket.
+    let small = random_tensor(DType::UInt8, &[1000], 1).unwrap().with_name("small");
+    let b = ucx::stats().bytes_received;
+    client.send(vec![small.clone()]).await.unwrap();
+    assert_same(&small, &client.fetch_one("small").await.unwrap());
+    assert_eq!(ucx::stats().bytes_received, b);
+}
+
+/// Run as a child process: sends 256 MiB tensors until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_process_client() {
+    let Ok(url) = std::env::var(CHILD_URL) else { return };
+    let client = Client::connect(&url).await.unwrap();
+    let t = random_tensor(DType::UInt8, &[BIG], 1).unwrap();
+    loop {
+        client.send(vec![t.clone()]).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_killed_mid_rendezvous_leaves_nothing_behind() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
+    let url = server.url();
+    // A first client warms up what the server keeps for its lifetime.
+    let warm = Client::connect(&url).await.unwrap();
+    warm.send(vec![random_tensor(DType::UInt8, &[1 << 20], 1).unwrap()]).await.unwrap();
+    drop(warm);
+    assert!(eventually(|| ucx::stats().workers == 0).await, "{:?}", ucx::stats());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fds_before = open_fds();
+
+    let mut kid = child("child_process_client", CHILD_URL, &url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it while a 256 MiB tensor is half through UCX.
+    let start = ucx::stats().bytes_received;
+    let moving = eventually(|| ucx::stats().bytes_received > start + (BIG as u64) / 2).await;
+    kid.kill().unwrap();
+    kid.wait().unwrap();
+    assert!(moving, "the child sent nothing through UCX: {:?}", ucx::stats());
+
+    // The server side of the dead connection is released: no UCX operation
+    // holds a buffer, its worker is gone, descriptors are back.
+    assert!(
+        eventually(|| ucx::stats().operations_outstanding == 0
+            && ucx::stats().workers == 0
+            && ucx::stats().operations_abandoned == 0)
+        .await,
+        "UCX state left after the peer died: {:?}",
+        ucx::stats()
+    );
+    assert!(eventually(|| open_fds() <= fds_before).await, "descriptors left: {} > {fds_before}", open_fds());
+    // And the server serves the next client.
+    let c = Client::connect(&url).await.unwrap();
+    let t = random_tensor(DType::UInt8, &[8 << 20], 3).unwrap().with_name("after");
+    c.send(vec![t.clone()]).await.unwrap();
+    assert_same(&t, &c.fetch_one("after").await.unwrap());
+}
+
+/// Run as a child process: serves a 256 MiB tensor named "big", prints its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_process_server() {
+    if std::env::var(CHILD_SERVER).is_err() {
+        return;
+    }
+    let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
+    let c = Client::connect(&server.url()).await.unwrap();
+    c.send(vec![random_tensor(DType::UInt8, &[BIG], 2).unwrap().with_name("big")]).await.unwrap();
+    println!("\nURL {}", server.url());
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_fetch_fails_the_fetch_clearly() {
+    let mut kid = child("child_process_server", CHILD_SERVER, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = kid.stdout.take().unwrap();
+    let url = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.split_once("URL ").map(|(_, u)| u.trim().to_string()))
+    })
+    .await
+    .unwrap()
+    .expect("the child prints its URL");
+    let client = Client::connect(&url).await.unwrap();
+    let fetching = tokio::spawn(async move {
+        loop {
+            if let Err(e) = client.fetch_one("big").await {
+                return e;
+            }
+        }
+    });
+    let start = ucx::stats().bytes_received;
+    let moving = eventually(|| ucx::stats().bytes_received > start + (BIG as u64) / 2).await;
+    kid.kill().unwrap();
+    kid.wait().unwrap();
+    assert!(moving, "nothing arrived through UCX");
+    let err = tokio::time::timeout(Duration::from_secs(20), fetching).await.expect("an error, not a hang").unwrap();
+    let text = err.to_string();
+    // The call fails (or its automatic retry finds nobody listening).
+    assert!(["closed", "UCX", "reset", "refused"].iter().any(|w| text.contains(w)), "unclear error: {text}");
+    assert!(
+        eventually(|| ucx::stats().operations_outstanding == 0
+            && ucx::stats().workers == 0
+            && ucx::stats().operations_abandoned == 0)
+        .await,
+        "UCX state left after the server died: {:?}",
+        ucx::stats()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_that_lie_about_ucx_payloads_are_refused_without_a_hang() {
+    let mut cfg = TransportConfig::default();
+    cfg.ucx.rendezvous_timeout = Duration::from_secs(1);
+    cfg.max_frame_payload = 4 << 20;
+    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
+    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
+    let url = listener.local_endpoint();
+    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
+    let (client, server) = (client.unwrap(), server.unwrap());
+
+    let chunk = |ucx_tag: u64, raw_len: u64, payload: Vec<u8>| {
+        let c = v1::Chunk {
+            tensor_id: 1,
+            total_bytes: raw_len,
+            raw_len,
+            last: true,
+            ucx_tag,
+            compression: v1::Compression::None as i32,
+            ..Default::default()
+        };
+        Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.into() }
+    };
+    let next_error = async || {
+        let mut inc = server.accept().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), inc.recv.recv()).await.expect("an error, not a hang");
+        match got {
+            Err(e) => e.to_string(),
+            Ok(r) => panic!("a lying frame was accepted: {:?}", r.map(|r| r.header)),
+        }
+    };
+
+    // A tag the peer never sends: the receive gives up after the timeout.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(999, 100, Vec::new())], true).await.unwrap();
+    let e = next_error().await;
+    assert!(e.contains("not completed within"), "{e}");
+
+    // A payload declared larger than this side accepts.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(7, 1 << 30, Vec::new())], true).await.unwrap();
+    let e = next_error().await;
+    assert!(e.contains("exceeds the limit"), "{e}");
+
+    // A frame declaring 100 bytes for a tag whose message has 1 MiB (the
+    // next tag this client's UCX sends use): UCX refuses to write past the
+    // posted buffer.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(1, 100, Vec::new())], true).await.unwrap();
+    let mut inc = server.accept().await.unwrap();
+    let lying = tokio::spawn(async move { inc.recv.recv().await.map(|r| r.map(|r| r.header)) });
+    let (mut tx2, _rx2) = client.open(StreamKind::Send).await.unwrap();
+    let _ = tx2.send(chunk(0, 1 << 20, vec![7u8; 1 << 20])).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), lying).await.expect("an error, not a hang").unwrap();
+    let e = got.expect_err("a frame lying about its UCX payload's size was accepted").to_string();
+    // UCX refuses the longer message ("Message truncated"); where its
+    // rendezvous instead waits for a buffer that fits, the receive times out.
+    assert!(e.to_lowercase().contains("truncated") || e.contains("not completed within"), "{e}");
+
+    // (The stream whose message the lying frame consumed.)
+    drop(server.accept().await.unwrap());
+
+    // A frame that carries a payload and a tag at once.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(5, 3, vec![1, 2, 3])], true).await.unwrap();
+    let e = next_error().await;
+    assert!(e.contains("carry no payload"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_is_a_clear_error() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let e = Client::connect(&format!("ucx://127.0.0.1:{port}")).await.unwrap_err().to_string();
+    assert!(e.contains("refused") && e.contains("ucx://127.0.0.1"), "{e}");
+}
+
+/// Run as a child process with libucx out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_without_libucx() {
+    if std::env::var(CHILD_NO_LIB).is_err() {
+        return;
+    }
+    let e = Client::connect("ucx://127.0.0.1:1").await.unwrap_err().to_string();
+    assert!(e.contains("cannot load") && e.contains("libucs.so.0") && e.contains("apt-get install libucx0"), "{e}");
+    let e = tensorwire::Server::builder()
+        .build()
+        .start(["ucx://127.0.0.1:0"])
+        .await
+        .err()
+        .expect("no server without libucx")
+        .to_string();
+    assert!(e.contains("cannot load"), "{e}");
+}
+
+#[test]
+fn a_missing_libucx_is_a_clear_error_at_run_time() {
+    let out =
+        child("child_without_libucx", CHILD_NO_LIB, "1").env("TENSORWIRE_UCX_LIBDIR", "/nonexistent").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}

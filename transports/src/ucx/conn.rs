@@ -1,0 +1,233 @@
+//! Connection setup for `ucx://host:port` and the [`Connection`] that ties
+//! the control mux to the UCX worker.
+//!
+//! ```text
+//!   client                                          server (TCP listener on host:port)
+//!   TCP connect ─ "TWUCX\x01\0\0" len address ───►  ucp_ep_create(client worker address)
+//!   ucp_ep_create(server address) ◄─ "TWUCX\x01\0\0" len address
+//!   mux preface ◄─────────────────────────────────► mux preface (frames from now on)
+//! ```
+//!
+//! The TCP socket stays the control channel: it carries every frame header
+//! and small payloads, and its closing (a peer that exits or is killed)
+//! tears the worker down at once, failing outstanding UCX operations.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use super::rendezvous::{Rendezvous, UcxRecv, UcxSend};
+use super::worker::WorkerHandle;
+use crate::listener::{AcceptTx, QueueListener, RawAccept, establish_error};
+use crate::mux::{self, Role, SocketInfo};
+use crate::{
+    AcceptError, ConnectError, Connection, ConnectionInfo, Endpoint, Incoming, ListenError, Listener, RecvStream,
+    SendStream, StreamError, StreamKind, TransportConfig,
+};
+
+/// First bytes of each side's address message.
+const MAGIC: &[u8; 8] = b"TWUCX\x01\0\0";
+/// Largest worker address accepted from a peer (UCX's are a few hundred bytes).
+const MAX_ADDRESS: u32 = 64 << 10;
+
+async fn write_address(s: &mut TcpStream, address: &[u8]) -> std::io::Result<()> {
+    let mut msg = Vec::with_capacity(12 + address.len());
+    msg.extend_from_slice(MAGIC);
+    msg.extend_from_slice(&(address.len() as u32).to_le_bytes());
+    msg.extend_from_slice(address);
+    s.write_all(&msg).await
+}
+
+async fn read_address(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await?;
+    if &head[..8] != MAGIC {
+        return Err(bad("not a tensorwire ucx:// peer (bad preface)".into()));
+    }
+    let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    if len == 0 || len > MAX_ADDRESS {
+        return Err(bad(format!("UCX worker address of {len} bytes (limit {MAX_ADDRESS})")));
+    }
+    let mut addr = vec![0u8; len as usize];
+    s.read_exact(&mut addr).await?;
+    Ok(addr)
+}
+
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+}
+
+/// Exchanges worker addresses on a fresh socket, starts the worker, runs
+/// the mux handshake and wraps the result.
+async fn establish(
+    mut s: TcpStream,
+    role: Role,
+    peer: String,
+    config: &TransportConfig,
+) -> Result<Arc<dyn Connection>, Failure> {
+    let (worker, pending) = WorkerHandle::new(&peer).map_err(Failure::Ucx)?;
+    let theirs = match role {
+        Role::Client => {
+            write_address(&mut s, &worker.address).await.map_err(Failure::Io)?;
+            read_address(&mut s).await.map_err(Failure::Io)?
+        }
+        Role::Server => {
+            let a = read_address(&mut s).await.map_err(Failure::Io)?;
+            write_address(&mut s, &worker.address).await.map_err(Failure::Io)?;
+            a
+        }
+    };
+    worker.connect(pending, &theirs).map_err(Failure::Ucx)?;
+    let local = s.peer_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
+    let (rd, wr) = s.into_split();
+    let info = SocketInfo { peer: peer.clone(), transport: "ucx", local };
+    let inner: Arc<dyn Connection> = mux::establish(rd, wr, role, info, config).await.map_err(Failure::Mux)?;
+    let worker = Arc::new(worker);
+    let rv = Arc::new(Rendezvous {
+        worker: worker.clone(),
+        next_tag: AtomicU64::new(1),
+        cfg: config.ucx.clone(),
+        peer: peer.clone(),
+        max_payload: u64::from(config.max_frame_payload),
+    });
+    // The control socket's end is the connection's end: stop the worker,
+    // failing what UCX still has outstanding.
+    let (c, w) = (inner.clone(), worker.clone());
+    let watch = tokio::spawn(async move {
+        c.closed().await;
+        w.stop("the control connection closed");
+    });
+    Ok(Arc::new(UcxConnection { inner, rv, watch }))
+}
+
+enum Failure {
+    Ucx(String),
+    Io(std::io::Error),
+    Mux(mux::EstablishError),
+}
+
+impl Failure {
+    fn into_connect(self, endpoint: &Endpoint) -> ConnectError {
+        match self {
+            Failure::Ucx(reason) => ConnectError::Config { endpoint: endpoint.to_string(), reason },
+            Failure::Io(source) if source.kind() == std::io::ErrorKind::InvalidData => {
+                ConnectError::Protocol { endpoint: endpoint.to_string(), reason: source.to_string() }
+            }
+            Failure::Io(source) => ConnectError::Io { endpoint: endpoint.to_string(), source },
+            Failure::Mux(e) => establish_error(endpoint, e),
+        }
+    }
+
+    fn reason(&self) -> String {
+        match self {
+            Failure::Ucx(s) => s.clone(),
+            Failure::Io(e) => e.to_string(),
+            Failure::Mux(e) => e.to_string(),
+        }
+    }
+}
+
+/// Connects to `ucx://host:port`.
+pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
+    // Fail before touching the network when UCX cannot be loaded.
+    super::ffi::context().map_err(|reason| ConnectError::Config { endpoint: endpoint.to_string(), reason })?;
+    let s = TcpStream::connect(endpoint.authority())
+        .await
+        .map_err(|source| ConnectError::Io { endpoint: endpoint.to_string(), source })?;
+    tune(&s);
+    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| endpoint.authority());
+    establish(s, Role::Client, peer, config).await.map_err(|f| f.into_connect(endpoint))
+}
+
+struct UcxAccept(TcpListener);
+
+#[async_trait]
+impl RawAccept for UcxAccept {
+    async fn accept_and_handshake(&mut self, config: &TransportConfig, tx: &AcceptTx) -> std::io::Result<()> {
+        let (s, addr) = self.0.accept().await?;
+        tune(&s);
+        let (config, tx) = (config.clone(), tx.clone());
+        tokio::spawn(async move {
+            let peer = addr.to_string();
+            let r =
+                match tokio::time::timeout(config.connect_timeout, establish(s, Role::Server, peer.clone(), &config))
+                    .await
+                {
+                    Ok(Ok(c)) => Ok(c),
+                    Ok(Err(f)) => {
+                        tracing::info!(%peer, error = %f.reason(), "rejected ucx connection");
+                        Err(AcceptError::Handshake { peer, reason: f.reason() })
+                    }
+                    Err(_) => {
+                        Err(AcceptError::Handshake { peer, reason: "no handshake within the connect timeout".into() })
+                    }
+                };
+            let _ = tx.send(r).await;
+        });
+        Ok(())
+    }
+}
+
+/// Listens on `ucx://host:port` (a TCP port for the control connection;
+/// port 0 picks a free one).
+pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box<dyn Listener>, ListenError> {
+    super::ffi::context().map_err(|reason| ListenError::Config { endpoint: endpoint.to_string(), reason })?;
+    let l = TcpListener::bind(endpoint.authority())
+        .await
+        .map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?;
+    let port = l.local_addr().map_err(|source| ListenError::Io { endpoint: endpoint.to_string(), source })?.port();
+    Ok(Box::new(QueueListener::new(Box::new(UcxAccept(l)), config, endpoint.with_port(port), None)))
+}
+
+/// A mux connection whose large payloads travel through UCX.
+struct UcxConnection {
+    inner: Arc<dyn Connection>,
+    rv: Arc<Rendezvous>,
+    watch: JoinHandle<()>,
+}
+
+impl Drop for UcxConnection {
+    fn drop(&mut self) {
+        self.watch.abort();
+        self.rv.worker.stop("connection dropped");
+    }
+}
+
+#[async_trait]
+impl Connection for UcxConnection {
+    async fn open(&self, kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+        let (tx, rx) = self.inner.open(kind).await?;
+        Ok((Box::new(UcxSend::new(tx, self.rv.clone())), Box::new(UcxRecv { inner: rx, rv: self.rv.clone() })))
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        let inc = self.inner.accept().await?;
+        Ok(Incoming {
+            kind: inc.kind,
+            send: Box::new(UcxSend::new(inc.send, self.rv.clone())),
+            recv: Box::new(UcxRecv { inner: inc.recv, rv: self.rv.clone() }),
+        })
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        ConnectionInfo { transport: "ucx", ..self.inner.info() }
+    }
+
+    fn close(&self, reason: &str) {
+        self.inner.close(reason);
+        self.rv.worker.stop(reason);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    async fn closed(&self) {
+        self.inner.closed().await
+    }
+}

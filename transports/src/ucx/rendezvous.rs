@@ -1,0 +1,219 @@
+//! The streams of a `ucx://` connection: frames go through the mux on the
+//! TCP control socket, except that a large uncompressed chunk's payload is
+//! handed to UCX as a tagged message and its frame travels without payload,
+//! naming the tag ([`Chunk::ucx_tag`](tensorwire_proto::v1::Chunk)).
+//!
+//! ```text
+//!   sender                                          receiver
+//!   ucp_tag_send_nbx(tag, payload)  ── RTS ──►   (UCX: unexpected until posted)
+//!   frame {chunk, ucx_tag: tag} ─── mux/TCP ───►  recv(): allocate raw_len,
+//!                                                 ucp_tag_recv_nbx(tag) ── GET/PUT (rendezvous)
+//!   send completes ◄──────────── ATS ──────────── receive completes: Payload::Bytes
+//! ```
+//!
+//! The frame order on the stream is kept (the receiver posts the receive
+//! when the frame comes up in order); UCX chooses the protocol per message
+//! size and transport (eager copy for small ones, rendezvous with zero-copy
+//! get or put where the transport has it). Sends are pipelined: up to
+//! [`UcxConfig::max_in_flight`] bytes per stream, all awaited at the end of
+//! the stream so that a delivery error reaches the sender.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tensorwire_proto::v1::{self, frame_header::Kind};
+use tokio::sync::oneshot;
+
+use super::worker::WorkerHandle;
+use crate::config::UcxConfig;
+use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
+
+/// What the streams of one connection share.
+pub(crate) struct Rendezvous {
+    pub(crate) worker: Arc<WorkerHandle>,
+    pub(crate) next_tag: AtomicU64,
+    pub(crate) cfg: UcxConfig,
+    pub(crate) peer: String,
+    /// Largest chunk payload this side accepts from the peer.
+    pub(crate) max_payload: u64,
+}
+
+impl Rendezvous {
+    fn closed(&self, what: &str, e: String) -> StreamError {
+        let reason = self.worker.failure().unwrap_or(e);
+        StreamError::ConnectionClosed { peer: self.peer.clone(), reason: format!("UCX {what} failed: {reason}") }
+    }
+
+    fn timeout(&self, what: &str) -> StreamError {
+        StreamError::Io {
+            peer: self.peer.clone(),
+            kind: std::io::ErrorKind::TimedOut,
+            reason: format!("UCX {what} not completed within {:?}", self.cfg.rendezvous_timeout),
+        }
+    }
+}
+
+/// Sending half: diverts large payloads to UCX.
+pub(crate) struct UcxSend {
+    pub(crate) inner: Box<dyn SendStream>,
+    pub(crate) rv: Arc<Rendezvous>,
+    pub(crate) in_flight: VecDeque<(usize, oneshot::Receiver<Result<(), String>>)>,
+    pub(crate) in_flight_bytes: usize,
+}
+
+impl UcxSend {
+    pub(crate) fn new(inner: Box<dyn SendStream>, rv: Arc<Rendezvous>) -> Self {
+        Self { inner, rv, in_flight: VecDeque::new(), in_flight_bytes: 0 }
+    }
+
+    /// Hands a large chunk payload to UCX and returns the frame to send in
+    /// its place; other frames pass unchanged.
+    fn convert(&mut self, mut frame: Frame) -> Frame {
+        let big = match &frame.header.kind {
+            Some(Kind::Chunk(c)) => {
+                c.compression == v1::Compression::None as i32
+                    && c.shm_segment == 0
+                    && frame.payload.len() as u64 == c.raw_len
+                    && frame.payload.len() >= self.rv.cfg.min_chunk_bytes.max(1)
+            }
+            _ => false,
+        };
+        if !big || self.rv.worker.failure().is_some() {
+            return frame;
+        }
+        let tag = self.rv.next_tag.fetch_add(1, Ordering::Relaxed);
+        let payload = std::mem::take(&mut frame.payload);
+        let n = payload.len();
+        let rx = self.rv.worker.send(tag, payload);
+        if let Some(Kind::Chunk(c)) = &mut frame.header.kind {
+            c.ucx_tag = tag;
+        }
+        self.in_flight.push_back((n, rx));
+        self.in_flight_bytes += n;
+        frame
+    }
+
+    async fn wait_oldest(&mut self) -> Result<(), StreamError> {
+        let Some((n, rx)) = self.in_flight.pop_front() else { return Ok(()) };
+        self.in_flight_bytes -= n;
+        match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(self.rv.closed("send", e)),
+            Ok(Err(_)) => Err(self.rv.closed("send", "connection closed".into())),
+            Err(_) => Err(self.rv.timeout("send")),
+        }
+    }
+
+    /// Waits while more than the in-flight budget is with UCX.
+    async fn throttle(&mut self) -> Result<(), StreamError> {
+        while self.in_flight_bytes > self.rv.cfg.max_in_flight {
+            self.wait_oldest().await?;
+        }
+        Ok(())
+    }
+
+    async fn drain(&mut self) -> Result<(), StreamError> {
+        while !self.in_flight.is_empty() {
+            self.wait_oldest().await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SendStream for UcxSend {
+    async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
+        let f = self.convert(frame);
+        self.inner.send(f).await?;
+        self.throttle().await
+    }
+
+    async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let out: Vec<Frame> = frames.into_iter().map(|f| self.convert(f)).collect();
+        if out.is_empty() {
+            if fin {
+                self.inner.finish().await?;
+            }
+        } else {
+            self.inner.send_batch(out, fin).await?;
+        }
+        if fin { self.drain().await } else { self.throttle().await }
+    }
+
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        self.inner.finish().await?;
+        self.drain().await
+    }
+
+    fn reset(&mut self, code: u32) {
+        // Payloads already with UCX stay owned by the worker until UCX is
+        // done with them (or the connection closes).
+        self.in_flight.clear();
+        self.in_flight_bytes = 0;
+        self.inner.reset(code)
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id()
+    }
+}
+
+/// Receiving half: fetches diverted payloads from UCX.
+pub(crate) struct UcxRecv {
+    pub(crate) inner: Box<dyn RecvStream>,
+    pub(crate) rv: Arc<Rendezvous>,
+}
+
+#[async_trait]
+impl RecvStream for UcxRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        let Some(mut r) = self.inner.recv().await? else { return Ok(None) };
+        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(Some(r)) };
+        if c.ucx_tag == 0 {
+            return Ok(Some(r));
+        }
+        let peer = || self.rv.peer.clone();
+        if !r.payload.is_empty() || c.compression != v1::Compression::None as i32 || c.shm_segment != 0 {
+            let reason = "a UCX chunk frame must be uncompressed and carry no payload".into();
+            return Err(StreamError::Protocol { peer: peer(), reason });
+        }
+        if c.raw_len > self.rv.max_payload {
+            return Err(StreamError::LimitExceeded {
+                peer: peer(),
+                what: "UCX chunk payload",
+                size: c.raw_len,
+                limit: self.rv.max_payload,
+            });
+        }
+        let (tag, len) = (c.ucx_tag, c.raw_len as usize);
+        let rx = self.rv.worker.recv(tag, len);
+        let buf = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
+            Ok(Ok(Ok(b))) => b,
+            // UCX fails a message longer than the posted buffer with
+            // "Message truncated": the peer lied about raw_len.
+            Ok(Ok(Err(e))) => return Err(self.rv.closed("receive", e)),
+            Ok(Err(_)) => return Err(self.rv.closed("receive", "connection closed".into())),
+            Err(_) => return Err(self.rv.timeout("receive")),
+        };
+        if buf.len() != len {
+            return Err(StreamError::Protocol {
+                peer: peer(),
+                reason: format!("UCX message {tag} has {} bytes, its frame declared {len}", buf.len()),
+            });
+        }
+        r.payload = Payload::Bytes(Bytes::from(buf));
+        Ok(Some(r))
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        // Chunks that come through the socket can still be placed.
+        self.inner.place(target)
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id()
+    }
+}
