@@ -5,6 +5,7 @@ use std::time::Duration;
 use tensorwire_proto::v1;
 
 use crate::rpc::function::TensorSpec;
+use crate::rpc::listing::StoreUsage;
 
 /// A function as `list_functions` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub struct FunctionInfo {
     pub batch: Option<(usize, Duration)>,
     /// True for async functions.
     pub is_async: bool,
+    /// Names of its scalar arguments in positional order, if declared.
+    pub arg_names: Vec<String>,
 }
 
 impl FunctionInfo {
@@ -29,6 +32,7 @@ impl FunctionInfo {
             doc: w.doc.clone(),
             batch: (w.max_batch > 0).then(|| (w.max_batch as usize, Duration::from_micros(w.max_wait_us))),
             is_async: w.is_async,
+            arg_names: w.arg_names.clone(),
         }
     }
 }
@@ -77,6 +81,8 @@ pub struct ServiceInfo {
     pub active_calls: u64,
     /// Per-function statistics.
     pub functions: Vec<FunctionStatistics>,
+    /// What the store service holds (zeros for services that store nothing).
+    pub store: StoreUsage,
 }
 
 impl ServiceInfo {
@@ -106,6 +112,9 @@ impl ServiceInfo {
                     total_time_us: f.total_time.as_micros() as u64,
                 })
                 .collect(),
+            stored_tensors: self.store.tensors,
+            stored_bytes: self.store.bytes,
+            store_max_bytes: self.store.max_bytes,
         }
     }
 
@@ -134,6 +143,7 @@ impl ServiceInfo {
                     total_time: Duration::from_micros(f.total_time_us),
                 })
                 .collect(),
+            store: StoreUsage { tensors: w.stored_tensors, bytes: w.stored_bytes, max_bytes: w.store_max_bytes },
         }
     }
 }

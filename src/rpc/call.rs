@@ -132,6 +132,7 @@ pub struct CallContext {
     pub(crate) function: String,
     pub(crate) deadline: Option<Instant>,
     pub(crate) cancel: Cancellation,
+    pub(crate) params: BTreeMap<String, String>,
 }
 
 impl CallContext {
@@ -143,7 +144,21 @@ impl CallContext {
             function: String::new(),
             deadline: None,
             cancel: Cancellation::default(),
+            params: BTreeMap::new(),
         }
+    }
+
+    /// Builder form: a request parameter, as a client attaches them (e.g.
+    /// `state_dict` on a send; for calling handlers directly).
+    pub fn with_param(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.params.insert(key.into(), value.into());
+        self
+    }
+
+    /// A parameter the client attached to the call's request (a send's
+    /// `state_dict` name, a fetch's parameters).
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params.get(key).map(String::as_str)
     }
 
     /// The caller's address.

@@ -67,6 +67,7 @@ impl ServerInner {
                     }
                 })
                 .collect(),
+            store: self.service.usage().unwrap_or_default(),
         }
     }
 

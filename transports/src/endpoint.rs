@@ -1,5 +1,6 @@
 //! Endpoint URLs: `tcp://host:port`, `unix:///path`, `quic://host:port`,
-//! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`.
+//! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`,
+//! `http://host:port`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -23,12 +24,23 @@ pub enum Scheme {
     GrpcUnix,
     /// `shm://name`: shared-memory payloads, control over a Unix socket
     Shm,
+    /// `http://host:port`: JSON-RPC 2.0 over HTTP/1.1 for clients in any
+    /// language (served by the `tensorwire` server, not a transport here)
+    Http,
 }
 
 impl Scheme {
     /// Every scheme.
-    pub const ALL: [Scheme; 7] =
-        [Scheme::Tcp, Scheme::Unix, Scheme::Quic, Scheme::Grpc, Scheme::Grpcs, Scheme::GrpcUnix, Scheme::Shm];
+    pub const ALL: [Scheme; 8] = [
+        Scheme::Tcp,
+        Scheme::Unix,
+        Scheme::Quic,
+        Scheme::Grpc,
+        Scheme::Grpcs,
+        Scheme::GrpcUnix,
+        Scheme::Shm,
+        Scheme::Http,
+    ];
 
     /// The URL prefix without `://`.
     pub const fn as_str(self) -> &'static str {
@@ -40,6 +52,7 @@ impl Scheme {
             Scheme::Grpcs => "grpcs",
             Scheme::GrpcUnix => "grpc+unix",
             Scheme::Shm => "shm",
+            Scheme::Http => "http",
         }
     }
 
@@ -51,6 +64,7 @@ impl Scheme {
             Scheme::Quic => "quic",
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => "grpc",
             Scheme::Shm => "shm",
+            Scheme::Http => "http",
         }
     }
 
@@ -62,6 +76,7 @@ impl Scheme {
             Scheme::Quic => cfg!(feature = "quic"),
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => cfg!(feature = "grpc"),
             Scheme::Shm => cfg!(feature = "shm"),
+            Scheme::Http => cfg!(feature = "http"),
         }
     }
 
@@ -103,13 +118,17 @@ impl Endpoint {
     pub fn parse(url: &str) -> Result<Self, EndpointError> {
         let err = |reason: &str| EndpointError { url: url.to_string(), reason: reason.to_string() };
         let (scheme_str, rest) = url.split_once("://").ok_or_else(|| {
-            err("expected SCHEME://..., e.g. tcp://127.0.0.1:7070, unix:///tmp/tw.sock, quic://host:7071, grpc://host:50051, shm://name")
+            err("expected SCHEME://..., e.g. tcp://127.0.0.1:7070, unix:///tmp/tw.sock, quic://host:7071, grpc://host:50051, shm://name, http://host:8080")
         })?;
         let scheme =
             Scheme::ALL.into_iter().find(|s| s.as_str() == scheme_str.to_ascii_lowercase()).ok_or_else(|| {
-                err(&format!("unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm"))
+                err(&format!(
+                    "unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm, http"
+                ))
             })?;
         let (body, query_str) = rest.split_once('?').unwrap_or((rest, ""));
+        // http://host:port/ and http://host:port/rpc name the same server.
+        let body = if scheme == Scheme::Http { body.split_once('/').map_or(body, |(b, _)| b) } else { body };
         let mut query = Vec::new();
         for pair in query_str.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -248,13 +267,15 @@ mod tests {
         assert_eq!(Endpoint::parse("grpc+unix:///x").unwrap().scheme(), Scheme::GrpcUnix);
         assert_eq!(Endpoint::parse("shm://train-0").unwrap().name(), "train-0");
         assert_eq!(Endpoint::parse("grpcs://example.com:443").unwrap().to_string(), "grpcs://example.com:443");
+        let e = Endpoint::parse("http://127.0.0.1:8080/rpc").unwrap();
+        assert_eq!((e.scheme(), e.port(), e.to_string().as_str()), (Scheme::Http, 8080, "http://127.0.0.1:8080"));
     }
 
     #[test]
     fn clear_errors() {
         for (url, needle) in [
             ("127.0.0.1:80", "SCHEME://"),
-            ("http://x:1", "unknown scheme"),
+            ("ftp://x:1", "unknown scheme"),
             ("tcp://x", "HOST:PORT"),
             ("tcp://x:99999", "port"),
             ("tcp://:80", "missing host"),
