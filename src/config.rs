@@ -27,6 +27,9 @@ pub const DEFAULT_MAX_DIMS: usize = 64;
 pub const DEFAULT_MAX_TENSORS_PER_CALL: u32 = 100_000;
 /// Default memory budget of the [`StoreService`](crate::StoreService): 8 GiB.
 pub const DEFAULT_MAX_STORE_BYTES: u64 = 8 << 30;
+/// Default largest JSON-RPC request body over HTTP: 64 MiB (JSON and base64
+/// suit small calls; large tensors travel faster on the native protocol).
+pub const DEFAULT_MAX_HTTP_BODY_BYTES: u64 = 64 << 20;
 /// Default service name reported in the handshake and by `info`.
 pub const DEFAULT_SERVICE_NAME: &str = "tensorwire";
 /// Default time a client has to complete the handshake.
@@ -65,6 +68,15 @@ pub(crate) const MIN_COMPRESS_BYTES: usize = 512;
 pub(crate) const AUTO_COMPRESS_MIN_BYTES: usize = 256 << 10;
 /// `auto` compression decides from a sample of this many bytes.
 pub(crate) const AUTO_COMPRESS_SAMPLE_BYTES: usize = 256 << 10;
+/// Most requests in one JSON-RPC batch.
+#[cfg(feature = "http")]
+pub(crate) const JSONRPC_MAX_BATCH: usize = 1024;
+/// Requests of one JSON-RPC batch run at once, at most.
+#[cfg(feature = "http")]
+pub(crate) const JSONRPC_BATCH_CONCURRENCY: usize = 16;
+/// Time an HTTP request body has to arrive once its headers have.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Transfers shorter than this say little about a link's throughput.
 pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
 /// Weight of the newest transfer in the link throughput estimate
@@ -252,6 +264,9 @@ pub struct ServerConfig {
     /// (default: half of this machine's memory). Over it, calls fail with
     /// `RESOURCE_EXHAUSTED` before their bytes are read.
     pub max_memory_bytes: u64,
+    /// Largest JSON-RPC request body on `http://` listeners, in bytes
+    /// (default 64 MiB); larger ones are refused with 413 unread.
+    pub max_http_body_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -270,6 +285,7 @@ impl Default for ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             placement: true,
             max_memory_bytes: crate::pipeline::budget::default_limit(),
+            max_http_body_bytes: DEFAULT_MAX_HTTP_BODY_BYTES,
         }
     }
 }

@@ -11,6 +11,7 @@
 //!  user code ──► Client / Server           client/  server/   send · fetch · exchange · call(name) · tasks
 //!                  │  calls, functions      rpc/               values, functions, batching, tasks, retry
 //!                  │  grpc extras           grpc/              health, reflection, skytorch compat
+//!                  │  JSON-RPC over HTTP    jsonrpc/           the function-sharing seed's protocol
 //!                  │  Tensor ⇄ chunks       pipeline/          sans-IO chunker/reassembler + async drivers
 //!                  │  Tensor ⇄ payload      tensorwire-codecs  raw │ torch │ safetensors × none │ lz4 │ zstd
 //!                  ▼  frames                tensorwire-transports  tcp │ unix │ quic │ grpc │ shm (+ yours)
@@ -28,6 +29,7 @@
 //! | `client/` | [`Client`]: session and retries, tensor calls, RPC calls, coalescing, [`BlockingClient`], GPU sends |
 //! | `server/` | [`ServerBuilder`], [`RunningServer`], accept loop, dispatcher, [`TensorService`], [`StoreService`] |
 //! | `grpc/` | gRPC health/reflection, the skytorch compat service and its chunk format, [`grpc::CompatClient`] |
+//! | `jsonrpc/` | JSON-RPC 2.0 over HTTP (`http://host:port`, `POST /rpc`): functions, tasks, info for any language |
 //! | `rpc/` | [`Call`], [`Output`], [`Value`]/[`Args`], [`Function`], batching, tasks, [`builtins`], [`RetryPolicy`] |
 //! | `observe/` | [`Statistics`], [`Histogram`], [`ServiceInfo`], the Prometheus endpoint |
 //! | `pipeline/` | the sans-IO chunker/reassembler, frame reader/writer, [`TensorStream`]/[`TensorSink`] |
@@ -70,6 +72,7 @@
 //! | `quic://host:port` | QUIC (quinn + rustls), one QUIC stream per call |
 //! | `grpc://host:port`, `grpcs://…`, `grpc+unix:///path` | gRPC (tonic), `tensorwire.v1.TensorService` |
 //! | `shm://name` | shared-memory payloads, control over a Unix socket |
+//! | `http://host:port` | listen only: JSON-RPC 2.0 over HTTP for clients in any language (see below) |
 //!
 //! ## Feature flags
 //!
@@ -81,6 +84,7 @@
 //! | `shm` | yes | shared-memory transport |
 //! | `lz4`, `zstd` | yes | compression |
 //! | `torch`, `safetensors` | yes | codecs |
+//! | `http` | yes | JSON-RPC 2.0 over HTTP listeners (`http://`) |
 //! | `metrics` | yes | Prometheus text endpoint |
 //! | `cli` | yes | the `tensorwire` binary |
 //! | `cuda` | no | GPU tensors (cudarc, loaded at run time) |
@@ -122,7 +126,19 @@
 //! The receiver checks the declared total against `max_tensor_bytes`,
 //! allocates the tensor once, and writes every chunk at its offset
 //! (decompressing into exactly the declared length). An optional CRC-32C of
-//! the whole payload rides on the last chunk.
+//! the whole payload rides on the last chunk. Tensors of one stream that
+//! view one storage (a state dict's tied weights and views) carry a
+//! `storage_id`: the first brings the whole storage, the later ones no
+//! payload, and all arrive sharing it with their strides and offsets.
+//!
+//! **State dicts and the store.** A `send` whose request names a
+//! `state_dict` stores its tensors as one object, replaced whole;
+//! `fetch` returns it in order; `LIST` and `REMOVE` show and delete what
+//! the store holds (see `Request.params` in `wire.proto`).
+//!
+//! **JSON-RPC 2.0 over HTTP** (`http://host:port`, `POST /rpc`, feature
+//! `http`) serves the same functions and tasks to clients in any language;
+//! each request runs through the same dispatcher as a native call.
 #![warn(missing_docs)]
 
 mod client;
@@ -135,6 +151,8 @@ mod error;
 pub mod fuzzing;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+#[cfg(feature = "http")]
+mod jsonrpc;
 mod observe;
 mod pipeline;
 mod rpc;
@@ -144,10 +162,11 @@ mod util;
 
 pub use client::blocking::BlockingClient;
 pub use client::session::{CallOptions, Client};
+pub use client::store::{StateDictEntry, StateDictStream};
 pub use config::{
-    ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_AUTH_FAILURES, DEFAULT_MAX_DIMS, DEFAULT_MAX_STORE_BYTES,
-    DEFAULT_MAX_TENSOR_BYTES, DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig,
-    VERSION,
+    ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_AUTH_FAILURES, DEFAULT_MAX_DIMS, DEFAULT_MAX_HTTP_BODY_BYTES,
+    DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding,
+    Limits, ServerConfig, VERSION,
 };
 pub use error::{CallError, Code, Status};
 pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};
@@ -161,6 +180,7 @@ pub use rpc::batch::BatchConfig;
 pub use rpc::builtins;
 pub use rpc::call::{Call, CallContext, Cancellation, FetchRequest, Output, SendSummary};
 pub use rpc::function::{Function, TensorSpec};
+pub use rpc::listing::{Selector, StoreUsage, StoredTensor};
 pub use rpc::retry::{RetryPolicy, RetryStrategy};
 pub use rpc::tasks::{TaskConfig, TaskState};
 pub use rpc::value::{Args, Value};

@@ -14,6 +14,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("mux_frames", tensorwire::fuzzing::mux_frames),
     ("reassembly", tensorwire::fuzzing::reassembly),
     ("compat_chunks", tensorwire::fuzzing::compat_chunks),
+    ("jsonrpc", tensorwire::fuzzing::jsonrpc),
 ];
 
 fn corpus(name: &str) -> std::path::PathBuf {

@@ -21,6 +21,9 @@ pub enum EncodeError {
     /// The codec was compiled out (cargo feature disabled).
     #[error("the {0} codec is not enabled in this build (cargo feature {0:?})")]
     NotEnabled(&'static str),
+    /// Writing the encoded bytes out failed.
+    #[error("writing failed: {0}")]
+    Io(#[from] std::io::Error),
     /// Compression failed.
     #[error("{compression} compression failed: {reason}")]
     Compress {

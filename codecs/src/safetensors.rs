@@ -72,24 +72,36 @@ pub fn save(
     tensors: &[(String, Tensor)],
     metadata: Option<HashMap<String, String>>,
 ) -> Result<Vec<Bytes>, EncodeError> {
-    let mut items: Vec<(String, Tensor, Dtype)> = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let dt = to_st(t.dtype()).ok_or_else(|| EncodeError::Unsupported {
-            codec: "safetensors",
-            reason: format!("{} has no safetensors dtype", t.dtype()),
-        })?;
-        items.push((name.clone(), t.clone(), dt));
-    }
+    let mut items: Vec<&(String, Tensor)> = tensors.iter().collect();
     items.sort_by(|a, b| b.1.dtype().itemsize().cmp(&a.1.dtype().itemsize()).then_with(|| a.0.cmp(&b.0)));
-    let mut infos = Vec::with_capacity(items.len());
-    let mut data = Vec::with_capacity(items.len());
+    let layout: Vec<(String, DType, Vec<usize>)> =
+        items.iter().map(|(n, t)| (n.clone(), t.dtype(), t.shape().to_vec())).collect();
+    let mut segments = vec![header(&layout, metadata)?];
+    for (_, t) in items {
+        segments.push(t.to_contiguous_bytes()?);
+    }
+    Ok(segments)
+}
+
+/// The header of a safetensors file holding tensors of these names, dtypes
+/// and shapes, their data laid out in this order right after it (the
+/// 8-byte length, then the JSON padded to 8 bytes). For writing a file as
+/// its tensors arrive: the header first, then each tensor's contiguous
+/// bytes in order.
+pub fn header(
+    layout: &[(String, DType, Vec<usize>)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<Bytes, EncodeError> {
+    let mut infos = Vec::with_capacity(layout.len());
     let mut offset = 0usize;
-    for (name, t, dt) in items {
-        let bytes = t.to_contiguous_bytes()?;
-        let end = offset + bytes.len();
-        infos.push((name, StInfo { dtype: dt, shape: t.shape().to_vec(), data_offsets: (offset, end) }));
+    for (name, dtype, shape) in layout {
+        let dt = to_st(*dtype).ok_or_else(|| EncodeError::Unsupported {
+            codec: "safetensors",
+            reason: format!("{dtype} has no safetensors dtype"),
+        })?;
+        let end = offset + crate::tensor::byte_size(*dtype, shape)?;
+        infos.push((name.clone(), StInfo { dtype: dt, shape: shape.clone(), data_offsets: (offset, end) }));
         offset = end;
-        data.push(bytes);
     }
     let bad = |e: String| EncodeError::Unsupported { codec: "safetensors", reason: e };
     let meta = Metadata::new(metadata, infos).map_err(|e| bad(e.to_string()))?;
@@ -99,9 +111,7 @@ pub fn save(
     let mut first = Vec::with_capacity(8 + header.len());
     first.extend_from_slice(&(header.len() as u64).to_le_bytes());
     first.extend_from_slice(&header);
-    let mut segments = vec![Bytes::from(first)];
-    segments.extend(data);
-    Ok(segments)
+    Ok(Bytes::from(first))
 }
 
 /// Tensors and metadata read from a safetensors file.

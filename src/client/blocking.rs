@@ -10,6 +10,7 @@ use crate::config::ClientConfig;
 use crate::error::CallError;
 use crate::observe::stats::Statistics;
 use crate::rpc::call::{FetchRequest, Output, SendSummary};
+use crate::rpc::listing::StoredTensor;
 use crate::rpc::value::Args;
 
 /// A client for programs without an async runtime. Owns a small runtime;
@@ -72,6 +73,26 @@ impl BlockingClient {
     /// See [`Client::call`].
     pub fn call(&self, function: &str, inputs: Vec<Tensor>, args: Args) -> Result<Output, CallError> {
         self.run(async |c| c.call(function, inputs, args).await)
+    }
+
+    /// See [`Client::put_state_dict`].
+    pub fn put_state_dict(&self, name: &str, items: &[(String, Tensor)]) -> Result<SendSummary, CallError> {
+        self.run(async |c| c.put_state_dict(name, items).await)
+    }
+
+    /// See [`Client::get_state_dict`].
+    pub fn get_state_dict(&self, name: &str) -> Result<Vec<(String, Tensor)>, CallError> {
+        self.run(async |c| c.get_state_dict(name).await)
+    }
+
+    /// See [`Client::list`].
+    pub fn list(&self, prefix: &str) -> Result<Vec<StoredTensor>, CallError> {
+        self.run(async |c| c.list(prefix).await)
+    }
+
+    /// See [`Client::remove`].
+    pub fn remove(&self, name: &str) -> Result<Vec<StoredTensor>, CallError> {
+        self.run(async |c| c.remove(name).await)
     }
 
     /// See [`Client::statistics`].

@@ -4,7 +4,8 @@
 //!   reconnecting, the call skeleton with timeouts and retries.
 //! - [`calls`]: send, fetch and exchange; [`rpc`]: named functions, tasks
 //!   and control calls; [`coalesce`]: stacking concurrent calls of a
-//!   batched function into one; [`gpu`]: device tensors (feature `cuda`).
+//!   batched function into one; [`gpu`]: device tensors (feature `cuda`);
+//!   [`store`]: whole state dicts, and listing and removing what a server holds.
 //! - [`blocking`]: `BlockingClient` for programs without an async runtime.
 //!
 //! May import: `pipeline`, `rpc`, `observe`, `util`, `config`, `error`.
@@ -17,3 +18,4 @@ pub(crate) mod coalesce;
 pub(crate) mod gpu;
 pub(crate) mod rpc;
 pub(crate) mod session;
+pub(crate) mod store;

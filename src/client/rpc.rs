@@ -89,7 +89,7 @@ impl Client {
     }
 
     /// A control call (no tensors in): returns the tensors and reply.
-    async fn control(
+    pub(crate) async fn control(
         &self,
         method: Method,
         fill: impl Fn(&mut v1::Request) + Sync,

@@ -156,3 +156,44 @@ pub fn compat_chunks(data: &[u8]) {
     }
     let _ = asm.finish();
 }
+
+/// A JSON-RPC request body through the envelope parser and, for each
+/// request, the params conversion (base64 tensors, safetensors files,
+/// scalars) with and without a declared signature; results back to JSON.
+#[cfg(feature = "http")]
+pub fn jsonrpc(data: &[u8]) {
+    use crate::jsonrpc::convert::{Signature, call_params, tensor_to_json, value_to_json};
+    use crate::jsonrpc::protocol::{Body, parse, response};
+    use crate::rpc::value::Value;
+    let limits = limits();
+    let entries = match parse(data, 64) {
+        Body::Single(e) => vec![e],
+        Body::Batch(v) => v,
+        Body::Invalid(e) => {
+            let _ = response(serde_json::Value::Null, Err(e));
+            return;
+        }
+    };
+    let sigs = [
+        Signature::default(),
+        Signature { inputs: Some(vec!["x".into(), "y".into()]), args: vec!["a".into(), "b".into()] },
+    ];
+    for e in entries {
+        match e {
+            Ok(r) => {
+                for sig in &sigs {
+                    if let Ok((inputs, args)) = call_params(&r.method, &r.params, sig, &limits) {
+                        for t in &inputs {
+                            let _ = tensor_to_json(t);
+                        }
+                        let _ = value_to_json(&Value::Map(args.0));
+                    }
+                }
+            }
+            Err(bad) => {
+                let (id, e) = *bad;
+                let _ = response(id, Err(e));
+            }
+        }
+    }
+}

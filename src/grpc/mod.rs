@@ -4,8 +4,8 @@
 //! skytorch chunk format (`chunks.rs`), status mapping (`status.rs`), and
 //! [`CompatClient`] for servers that speak the skytorch protocol.
 //!
-//! May import: `server::state` and `server::dispatch` (compat calls run
-//! through the same dispatcher), `pipeline`, `config`, `error`.
+//! May import: `server::state`, `server::dispatch` and `server::inproc`
+//! (compat calls run through the same dispatcher), `pipeline`, `config`, `error`.
 
 pub(crate) mod chunks;
 mod client;

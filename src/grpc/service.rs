@@ -16,30 +16,25 @@
 //!
 //! [`CompatClient`](super::CompatClient) is the other direction.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tensorwire_codecs::{CodecKind, CompressionMode};
 use tensorwire_proto::compat::service_server::{Service as CompatApi, ServiceServer};
 use tensorwire_proto::compat::{TensorChunk, TensorRequest, TensorResponse};
-use tensorwire_proto::v1::{self, Method, frame_header::Kind};
+use tensorwire_proto::v1::{self, Method};
 use tensorwire_transports::grpc::{self as tgrpc, Routes};
-use tensorwire_transports::{ConnectionInfo, Endpoint, Incoming, ListenError, Listener, StreamKind};
+use tensorwire_transports::{Endpoint, ListenError, Listener, StreamKind};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Streaming};
 
 use super::chunks::{Assembler, decode_tensor, encode_chunks};
 use super::status::{call_status, to_tonic};
-use crate::config::{Encoding, Limits};
+use crate::config::Limits;
 use crate::pipeline::budget::MemoryBudget;
-use crate::pipeline::link::{LinkEstimator, SharedCaps};
-use crate::pipeline::pipe::pipe;
-use crate::pipeline::reader::FrameReader;
 use crate::pipeline::tensors::TensorStream;
 use crate::pipeline::writer::FrameWriter;
-use crate::server::dispatch::handle_stream;
-use crate::server::state::{ServerInner, Session};
+use crate::server::inproc;
+use crate::server::state::ServerInner;
 
 /// The gRPC service names reported by the health service.
 pub const HEALTH_SERVICES: [&str; 3] = ["", "tensorwire.v1.TensorService", "skytorch.torch.Service"];
@@ -66,7 +61,7 @@ pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Bo
     let v1 = reflection().build_v1().map_err(|e| config_err(format!("reflection: {e}")))?;
     let v1alpha = reflection().build_v1alpha().map_err(|e| config_err(format!("reflection: {e}")))?;
     let limit = tgrpc::message_limit(&inner.config.transport);
-    let compat = ServiceServer::new(Compat { inner: inner.clone(), next: AtomicU64::new(1) })
+    let compat = ServiceServer::new(Compat { inner: inner.clone() })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     let routes = Routes::new(health).add_service(v1).add_service(v1alpha).add_service(compat);
@@ -78,7 +73,6 @@ pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Bo
 
 struct Compat {
     inner: Arc<ServerInner>,
-    next: AtomicU64,
 }
 
 type ChunkStream = ReceiverStream<Result<TensorChunk, tonic::Status>>;
@@ -112,36 +106,8 @@ impl Compat {
 
     /// Starts `kind` in the dispatcher, as a native call from `peer` would.
     async fn start(&self, kind: StreamKind, peer: String, request: v1::Request) -> Result<Piped, tonic::Status> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (to_server, server_in) = pipe(id, &peer);
-        let (server_out, from_server) = pipe(id, &peer);
-        let info = ConnectionInfo {
-            transport: "grpc",
-            peer: peer.clone(),
-            max_frame_payload: self.inner.config.transport.max_frame_payload.into(),
-            local: false,
-            stateless: true,
-        };
-        let session = Arc::new(Session {
-            info,
-            handshaken: AtomicBool::new(true),
-            caps: Mutex::new(SharedCaps::default()),
-            link: Arc::new(LinkEstimator::default()),
-            active: std::sync::atomic::AtomicU32::new(1),
-            since: std::time::Instant::now(),
-        });
-        let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
-        tokio::spawn(handle_stream(self.inner.clone(), session, inc));
-        // Raw codec in the pipe: tensors pass as slices of their bytes.
-        let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };
-        let mut writer = FrameWriter::new(Box::new(to_server), enc, SharedCaps::default(), u64::MAX, None);
-        let mut request = request;
-        request.auth_token = self.inner.config.auth_token.clone().unwrap_or_default();
-        writer.control(Kind::Request(Box::new(request)));
-        writer.flush(false).await.map_err(call_status)?;
-        let limits = self.inner.config.limits.clone();
-        let output = TensorStream::new(FrameReader::new(Box::new(from_server), peer, limits, false), true);
-        Ok(Piped { writer, output })
+        let c = inproc::start(&self.inner, "grpc", peer, kind, request).await.map_err(call_status)?;
+        Ok(Piped { writer: c.writer, output: c.output })
     }
 
     fn peer<T>(req: &Request<T>) -> String {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use tensorwire_proto::v1;
 
 use crate::rpc::function::TensorSpec;
+use crate::rpc::listing::StoreUsage;
 
 /// A function as `list_functions` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub struct FunctionInfo {
     pub batch: Option<(usize, Duration)>,
     /// True for async functions.
     pub is_async: bool,
+    /// Names of its scalar arguments in positional order, if declared.
+    pub arg_names: Vec<String>,
 }
 
 impl FunctionInfo {
@@ -29,6 +32,7 @@ impl FunctionInfo {
             doc: w.doc.clone(),
             batch: (w.max_batch > 0).then(|| (w.max_batch as usize, Duration::from_micros(w.max_wait_us))),
             is_async: w.is_async,
+            arg_names: w.arg_names.clone(),
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct ServiceInfo {
     pub memory_used: u64,
     /// Reservations refused (RESOURCE_EXHAUSTED) since start.
     pub memory_refused: u64,
+    /// What the store service holds (zeros for services that store nothing).
+    pub store: StoreUsage,
 }
 
 impl ServiceInfo {
@@ -115,6 +121,9 @@ impl ServiceInfo {
             memory_limit: self.memory_limit,
             memory_used: self.memory_used,
             memory_refused: self.memory_refused,
+            stored_tensors: self.store.tensors,
+            stored_bytes: self.store.bytes,
+            store_max_bytes: self.store.max_bytes,
         }
     }
 
@@ -146,6 +155,7 @@ impl ServiceInfo {
             memory_limit: w.memory_limit,
             memory_used: w.memory_used,
             memory_refused: w.memory_refused,
+            store: StoreUsage { tensors: w.stored_tensors, bytes: w.stored_bytes, max_bytes: w.store_max_bytes },
         }
     }
 }

@@ -10,6 +10,7 @@
 //! | `tensorwire_received_bytes` / `tensorwire_sent_bytes` | counter | |
 //! | `tensorwire_uptime_seconds` | gauge | |
 //! | `tensorwire_serving` | gauge (1 serving, 0 shutting down) | |
+//! | `tensorwire_store_bytes` / `_tensors` / `_max_bytes` | gauge (store services only) | |
 //! | `tensorwire_function_calls` / `_failures` / `_batches` | counter | `function` |
 //! | `tensorwire_function_seconds` | counter | `function` |
 
@@ -81,6 +82,11 @@ impl Collector for ServerCollector {
             "1 while serving, 0 during shutdown",
             f64::from(u8::from(s.serving.load(Ordering::Relaxed))),
         )?;
+        if let Some(u) = s.service.usage() {
+            gauge(&mut e, "tensorwire_store_bytes", "Bytes of the tensors the store holds", u.bytes as f64)?;
+            gauge(&mut e, "tensorwire_store_tensors", "Tensors the store holds", u.tensors as f64)?;
+            gauge(&mut e, "tensorwire_store_max_bytes", "The store's budget in bytes", u.max_bytes as f64)?;
+        }
         let funcs: Vec<_> = s.functions.iter().collect();
         let families: [(&str, &str, MetricType); 4] = [
             (

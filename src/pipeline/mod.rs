@@ -14,6 +14,8 @@
 //! - [`budget`]: the one memory budget every receive buffer is reserved from.
 //! - [`link`]: what a connection knows of its peer (limits, codecs) and link.
 //! - [`pipe`]: an in-process stream pair (gRPC compat calls, tests).
+//! - [`storages`]: which tensors of a batch share a storage sent once
+//!   (state dicts: tied weights, views), sans-IO.
 //!
 //! May import: `config`, `error`, `util`, and the codecs, proto and
 //! transports crates. Nothing above it (rpc, client, server, grpc).
@@ -23,6 +25,7 @@ pub(crate) mod chunk;
 pub(crate) mod link;
 pub(crate) mod pipe;
 pub(crate) mod reader;
+pub(crate) mod storages;
 pub(crate) mod tensors;
 pub(crate) mod wire;
 pub(crate) mod writer;

@@ -2,11 +2,13 @@
 //! (into a [`Placement`] buffer when the transport can write there
 //! directly), checks their checksums and decodes them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use tensorwire_codecs::Tensor;
+use tensorwire_codecs::tensor::aligned;
+use tensorwire_codecs::{CodecKind, DecodeError, Storage, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
 
@@ -36,6 +38,12 @@ pub(crate) struct FrameReader {
     pub(crate) bytes: u64,
     /// Payload bytes received so far are added here chunk by chunk (progress bars).
     pub(crate) progress: Option<Arc<AtomicU64>>,
+    /// Storages shared by tensors of this stream (`TensorInfo.storage_id`),
+    /// and their bytes in all (at most `max_tensor_bytes`).
+    storages: HashMap<u64, Bytes>,
+    kept: u64,
+    /// The storage id of the tensor read last (0: none).
+    pub(crate) last_storage: u64,
 }
 
 impl FrameReader {
@@ -49,6 +57,9 @@ impl FrameReader {
             tensors: 0,
             bytes: 0,
             progress: None,
+            storages: HashMap::new(),
+            kept: 0,
+            last_storage: 0,
         }
     }
 
@@ -182,12 +193,57 @@ impl FrameReader {
             return Err(CallError::Decode(tensorwire_codecs::DecodeError::UnknownCodec(e)));
         }
         let (tinfo, codec_kind) = info_from_wire(&info).map_err(|e| self.protocol(e))?;
-        let codec = tensorwire_codecs::codec(codec_kind)?;
         let n = payload.len() as u64;
-        let t = codec.decode(&tinfo, payload, &self.limits.decode_limits())?;
+        self.last_storage = info.storage_id;
+        let t = if info.storage_id != 0 {
+            self.shared_view(info.storage_id, &tinfo, codec_kind, payload)?
+        } else {
+            let codec = tensorwire_codecs::codec(codec_kind)?;
+            codec.decode(&tinfo, payload, &self.limits.decode_limits())?
+        };
         self.tensors += 1;
         self.bytes += n;
         Ok(t)
+    }
+
+    /// A tensor placed in a storage shared within the stream: the payload
+    /// is the storage (first view) or empty (later views).
+    fn shared_view(
+        &mut self,
+        id: u64,
+        info: &TensorInfo,
+        codec: CodecKind,
+        payload: Bytes,
+    ) -> Result<Tensor, CallError> {
+        if codec != CodecKind::Raw {
+            return Err(self.protocol(format!("storage {id} is shared by a {codec} tensor (raw codec only)")));
+        }
+        let dtype = info.dtype.ok_or_else(|| self.protocol(format!("a view of storage {id} has no dtype")))?;
+        let storage = match self.storages.get(&id) {
+            Some(s) if payload.is_empty() => s.clone(),
+            Some(_) => return Err(self.protocol(format!("storage {id} sent twice"))),
+            None => {
+                // Kept until the stream ends: bounded like one tensor.
+                let kept = self.kept + payload.len() as u64;
+                if kept > self.limits.max_tensor_bytes {
+                    return Err(CallError::Limit {
+                        what: "storages kept for sharing in one stream (max_tensor_bytes)",
+                        size: kept,
+                        limit: self.limits.max_tensor_bytes,
+                    });
+                }
+                self.kept = kept;
+                let s = aligned(payload, dtype.align());
+                self.storages.insert(id, s.clone());
+                s
+            }
+        };
+        tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;
+        let strides =
+            info.strides.clone().unwrap_or_else(|| tensorwire_codecs::tensor::contiguous_strides(&info.shape));
+        let t = Tensor::from_strided(dtype, info.shape.clone(), strides, info.storage_offset, Storage::Host(storage))
+            .map_err(DecodeError::from)?;
+        Ok(info.apply_names(t))
     }
 }
 
@@ -198,6 +254,7 @@ mod tests {
     use crate::pipeline::link::SharedCaps;
     use crate::pipeline::pipe::pipe;
     use crate::pipeline::writer::FrameWriter;
+    use tensorwire_transports::SendStream;
 
     /// A tensor whose payload arrives in uneven pieces (as from GPU staging
     /// buffers) is chunked as it comes and reassembled bit-exact.
@@ -234,6 +291,102 @@ mod tests {
             let back = reader.await.unwrap();
             assert!(back.data_eq(&t), "{total} bytes");
         }
+    }
+
+    /// Reads every tensor `frames` make, with each one's storage id.
+    async fn read_all(frames: Vec<(v1::TensorInfo, Bytes)>, limits: Limits) -> Result<Vec<(Tensor, u64)>, CallError> {
+        let (mut tx, rx) = pipe(1, "test");
+        for (i, (info, payload)) in frames.into_iter().enumerate() {
+            let c = v1::Chunk {
+                tensor_id: i as u64 + 1,
+                total_bytes: payload.len() as u64,
+                last: true,
+                compression: v1::Compression::None as i32,
+                raw_len: payload.len() as u64,
+                info: Some(Box::new(info)),
+                ..Default::default()
+            };
+            tx.send(tensorwire_transports::Frame { header: FrameHeader::new(Kind::Chunk(c)), payload }).await.unwrap();
+        }
+        tx.finish().await.unwrap();
+        let mut r = FrameReader::new(Box::new(rx), "test".into(), limits, false);
+        let mut out = Vec::new();
+        while let Item::Tensor(t) = r.next().await? {
+            out.push((t, r.last_storage));
+        }
+        Ok(out)
+    }
+
+    fn view(shape: &[u64], strides: &[u64], offset: u64, id: u64) -> v1::TensorInfo {
+        v1::TensorInfo {
+            dtype: v1::Dtype::Float32 as i32,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            storage_offset: offset,
+            storage_id: id,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn shared_storages_arrive_shared_and_lies_are_refused() {
+        use crate::pipeline::storages::plan;
+        let w = Tensor::from_vec([3, 4], (0..12).map(|x| x as f32).collect::<Vec<_>>()).unwrap();
+        let sent = [
+            w.clone(),
+            w.transpose(0, 1).unwrap(),
+            w.narrow(1, 1, 2).unwrap(),
+            Tensor::from_vec([2], vec![7u8, 8]).unwrap(),
+        ];
+        let (tx, rx) = pipe(1, "test");
+        let mut wr = FrameWriter::new(Box::new(tx), Encoding::default(), SharedCaps::default(), 1 << 20, None);
+        let reader = tokio::spawn(async move {
+            let mut r = FrameReader::new(Box::new(rx), "test".into(), Limits::default(), false);
+            let mut v = Vec::new();
+            while let Item::Tensor(t) = r.next().await.unwrap() {
+                v.push(t);
+            }
+            v
+        });
+        for (t, share) in sent.iter().zip(plan(&sent)) {
+            wr.send_shared(t, share, false).await.unwrap();
+        }
+        wr.finish().await.unwrap();
+        let got = reader.await.unwrap();
+        // 48 bytes of storage crossed once, not three times.
+        assert_eq!(wr.bytes_sent, 48 + 2);
+        for (a, b) in sent.iter().zip(&got) {
+            assert!(a.data_eq(b));
+            assert_eq!((a.strides(), a.storage_offset()), (b.strides(), b.storage_offset()));
+        }
+        let p = |t: &Tensor| t.host_storage().unwrap().as_ptr();
+        assert_eq!(p(&got[0]), p(&got[1]));
+        assert_eq!(p(&got[0]), p(&got[2]));
+
+        let storage = Bytes::from(vec![0u8; 16]);
+        let ok = read_all(
+            vec![(view(&[2, 2], &[], 0, 5), storage.clone()), (view(&[2], &[2], 1, 5), Bytes::new())],
+            Limits::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!((ok[1].1, ok[1].0.storage_offset()), (5, 1));
+        for (frames, needle) in [
+            (vec![(view(&[2, 2], &[4, 1], 0, 5), storage.clone())], "the storage has 16"),
+            (vec![(view(&[2], &[], 0, 9), storage.clone()), (view(&[2], &[], 0, 9), storage.clone())], "sent twice"),
+            // A later view naming a storage never sent.
+            (vec![(view(&[2], &[], 0, 9), Bytes::new())], "the storage has 0"),
+            (vec![(view(&[5], &[], 0, 3), storage.clone())], "the storage has 16"),
+        ] {
+            let e = read_all(frames, Limits::default()).await.unwrap_err();
+            assert!(e.to_string().to_lowercase().contains(needle), "{needle}: {e}");
+        }
+        // Storages kept for later views are bounded like one tensor.
+        let small = Limits { max_tensor_bytes: 20, ..Limits::default() };
+        let e = read_all(vec![(view(&[4], &[], 0, 1), storage.clone()), (view(&[4], &[], 0, 2), storage)], small)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("storages kept for sharing"), "{e}");
     }
 
     #[tokio::test]

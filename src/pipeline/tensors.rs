@@ -5,6 +5,7 @@ use tensorwire_codecs::{CodecKind, CompressionMode, Tensor};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 
 use super::reader::{FrameReader, Item};
+use super::storages::{self, Share};
 use super::wire::{codec_from_wire, compression_from_wire};
 use super::writer::FrameWriter;
 use crate::config::Encoding;
@@ -102,6 +103,12 @@ impl TensorStream {
         self.reply.as_ref()
     }
 
+    /// The storage id of the tensor returned last: tensors of one stream
+    /// with the same id view one storage (see `TensorInfo.storage_id`).
+    pub(crate) fn storage_of_last(&self) -> Option<u64> {
+        (self.reader.last_storage != 0).then_some(self.reader.last_storage)
+    }
+
     /// Tensors and payload bytes read so far.
     pub fn received(&self) -> (u64, u64) {
         (self.reader.tensors, self.reader.bytes)
@@ -122,6 +129,22 @@ impl TensorSink<'_> {
     /// Sends one tensor to the caller (waits while the caller is slow to read).
     pub async fn send(&mut self, tensor: Tensor) -> Result<(), Status> {
         self.writer.send_tensor(&tensor, false).await.map(|_| ()).map_err(Status::from)
+    }
+
+    /// Sends tensors in order, each storage once: tensors that view one
+    /// storage (a state dict's tied weights, a transposed view, a slice)
+    /// arrive sharing it, with their strides and offsets, as `torch.save`
+    /// writes them. With a codec other than raw, each tensor travels whole.
+    pub async fn send_state_dict(&mut self, tensors: &[Tensor]) -> Result<(), Status> {
+        let shares = if self.writer.encoding.codec == CodecKind::Raw {
+            storages::plan(tensors)
+        } else {
+            vec![Share::Plain; tensors.len()]
+        };
+        for (t, share) in tensors.iter().zip(shares) {
+            self.writer.send_shared(t, share, false).await.map_err(Status::from)?;
+        }
+        Ok(())
     }
 
     /// Tensors and payload bytes sent so far.

@@ -109,6 +109,7 @@ pub fn info_to_wire(info: &TensorInfo, codec: CodecKind) -> v1::TensorInfo {
         name: info.name.clone().unwrap_or_default(),
         metadata: info.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         codec: codec_to_wire(codec) as i32,
+        storage_id: 0,
     }
 }
 

@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use tensorwire_codecs::compress::{Compressor, choose_auto};
-use tensorwire_codecs::{CodecKind, Compression, CompressionMode, Device, Tensor};
+use tensorwire_codecs::{CodecKind, Compression, CompressionMode, Device, Encoded, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{Frame, FrameHeader, SendStream};
 
 use super::chunk::Chunker;
 use super::link::{LinkEstimator, SharedCaps};
+use super::storages::Share;
 use super::wire::{codec_to_wire, compression_to_wire, info_to_wire};
 use crate::config::{
     AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
@@ -143,12 +144,43 @@ impl FrameWriter {
         self.check_codec(codec_kind)?;
         let codec = tensorwire_codecs::codec(codec_kind).map_err(|e| CallError::Unsupported(e.to_string()))?;
         let encoded = codec.encode(t)?;
+        self.send_encoded(encoded, codec_kind, t.dtype().itemsize(), 0, hold_last).await
+    }
+
+    /// Sends one tensor of a batch planned by `storages::plan`: plain
+    /// tensors as [`FrameWriter::send_tensor`] does, the first view of a
+    /// shared storage with the whole storage as its payload, later views
+    /// with none (raw codec; `TensorInfo.storage_id` on the wire).
+    pub(crate) async fn send_shared(&mut self, t: &Tensor, share: Share, hold_last: bool) -> Result<u64, CallError> {
+        let (id, first) = match share {
+            Share::Plain => return self.send_tensor(t, hold_last).await,
+            Share::First(id) => (id, true),
+            Share::Again(id) => (id, false),
+        };
+        self.check_codec(CodecKind::Raw)?;
+        let storage = t.host_storage().map_err(tensorwire_codecs::EncodeError::from)?;
+        let item = t.dtype().itemsize();
+        let mut info = TensorInfo::of(t);
+        info.strides = Some(t.strides().to_vec());
+        info.storage_offset = t.storage_offset();
+        let segments = if first { vec![storage.slice(..storage.len() / item * item)] } else { vec![] };
+        self.send_encoded(Encoded { info, segments }, CodecKind::Raw, item, id, hold_last).await
+    }
+
+    async fn send_encoded(
+        &mut self,
+        encoded: Encoded,
+        codec_kind: CodecKind,
+        itemsize: usize,
+        storage_id: u64,
+        hold_last: bool,
+    ) -> Result<u64, CallError> {
         let total = encoded.len();
         self.check_peer_limit(total)?;
-        let info = info_to_wire(&encoded.info, codec_kind);
+        let mut info = info_to_wire(&encoded.info, codec_kind);
+        info.storage_id = storage_id;
         let crc =
             self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
-        let itemsize = t.dtype().itemsize();
         let (compression, shuffle) = self.choose_compression(&encoded.segments, itemsize);
         let chunk_size = self.chunk_size();
         let id = self.next_tensor_id;

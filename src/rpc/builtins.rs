@@ -1,5 +1,5 @@
-//! Built-in functions and tensor helpers: `identity`, `scale`, `sum`, and
-//! random tensors for the CLI and benchmarks.
+//! Built-in functions and tensor helpers: `identity`, `scale`, `sum`,
+//! `add`, and random tensors for the CLI and benchmarks.
 
 use rand::{Rng, RngCore, SeedableRng};
 use tensorwire_codecs::{AlignedBuf, DType, Tensor};
@@ -7,6 +7,7 @@ use tensorwire_codecs::{AlignedBuf, DType, Tensor};
 use crate::error::Status;
 use crate::rpc::call::Output;
 use crate::rpc::function::Function;
+use crate::rpc::value::Value;
 
 /// The built-in functions every `tensorwire serve` offers:
 ///
@@ -14,6 +15,9 @@ use crate::rpc::function::Function;
 /// * `scale`: multiplies every input by the argument `factor` (default 1).
 /// * `sum`: one input → the sum of its elements (a 0-d tensor, float64 for
 ///   floats and int64 for integers); several inputs → their elementwise sum.
+/// * `add`: two numbers, the arguments `a` and `b` (by name, or by position
+///   over JSON-RPC) → `a + b` (an int for two ints): the function-sharing
+///   seed's `add_numbers`.
 pub fn builtin_functions() -> Vec<Function> {
     vec![
         Function::inline("identity", |c| Ok(Output::tensors(c.inputs))).doc("returns its inputs unchanged"),
@@ -22,6 +26,7 @@ pub fn builtin_functions() -> Vec<Function> {
             let out = c.inputs.iter().map(|t| map_f64(t, |x| x * factor)).collect::<Result<Vec<_>, _>>()?;
             Ok(out.into())
         })
+        .arg_names(["factor"])
         .doc("multiplies each input by the argument `factor`"),
         Function::new("sum", |c| match c.inputs.len() {
             0 => Err(Status::invalid_argument("sum needs at least one tensor")),
@@ -29,6 +34,27 @@ pub fn builtin_functions() -> Vec<Function> {
             _ => Ok(elementwise_sum(&c.inputs)?.into()),
         })
         .doc("one input: sum of its elements; several: elementwise sum"),
+        Function::inline("add", |c| {
+            let arg = |n: &str| {
+                c.args.get(n).cloned().ok_or_else(|| Status::invalid_argument(format!("add needs the argument {n:?}")))
+            };
+            match (arg("a")?, arg("b")?) {
+                (Value::Int(a), Value::Int(b)) => a
+                    .checked_add(b)
+                    .map(Output::value)
+                    .ok_or_else(|| Status::invalid_argument(format!("{a} + {b} overflows 64 bits"))),
+                (a, b) => match (a.as_f64(), b.as_f64()) {
+                    (Some(a), Some(b)) => Ok(Output::value(a + b)),
+                    _ => Err(Status::invalid_argument(format!(
+                        "add takes two numbers, got {} and {}",
+                        a.type_name(),
+                        b.type_name()
+                    ))),
+                },
+            }
+        })
+        .arg_names(["a", "b"])
+        .doc("a + b for two numbers (the arguments a and b)"),
     ]
 }
 
@@ -184,7 +210,8 @@ mod tests {
     use super::*;
     use crate::rpc::call::Call;
     use crate::rpc::call::CallContext;
-    use crate::rpc::value::Args;
+    use crate::rpc::value::{Args, Value};
+    use std::collections::BTreeMap;
 
     fn run(name: &str, inputs: Vec<Tensor>, args: Args) -> Result<Output, Status> {
         let f = builtin_functions().into_iter().find(|f| f.name() == name).unwrap();
@@ -208,6 +235,11 @@ mod tests {
         );
         let e = run("scale", vec![x], Args::new().with("factor", "big")).unwrap_err();
         assert!(e.message.contains("must be a number"), "{e}");
+        let add = |a: Value, b: Value| run("add", vec![], Args(BTreeMap::from([("a".into(), a), ("b".into(), b)])));
+        assert_eq!(add(Value::Int(10), Value::Int(20)).unwrap().values, Value::Int(30));
+        assert_eq!(add(Value::Int(1), Value::Float(0.5)).unwrap().values, Value::Float(1.5));
+        assert!(add(Value::Int(i64::MAX), Value::Int(1)).is_err());
+        assert!(add(Value::Str("x".into()), Value::Int(1)).unwrap_err().message.contains("two numbers"));
     }
 
     #[test]

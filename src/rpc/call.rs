@@ -135,6 +135,7 @@ pub struct CallContext {
     pub(crate) cancel: Cancellation,
     pub(crate) max_tensor_bytes: u64,
     pub(crate) budget: Option<MemoryBudget>,
+    pub(crate) params: BTreeMap<String, String>,
 }
 
 impl CallContext {
@@ -148,6 +149,7 @@ impl CallContext {
             cancel: Cancellation::default(),
             max_tensor_bytes: crate::config::DEFAULT_MAX_TENSOR_BYTES,
             budget: None,
+            params: BTreeMap::new(),
         }
     }
 
@@ -162,6 +164,19 @@ impl CallContext {
     /// own on a caller's behalf (None outside a server).
     pub fn budget(&self) -> Option<&MemoryBudget> {
         self.budget.as_ref()
+    }
+
+    /// Builder form: a request parameter, as a client attaches them (e.g.
+    /// `state_dict` on a send; for calling handlers directly).
+    pub fn with_param(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.params.insert(key.into(), value.into());
+        self
+    }
+
+    /// A parameter the client attached to the call's request (a send's
+    /// `state_dict` name, a fetch's parameters).
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params.get(key).map(String::as_str)
     }
 
     /// The caller's address.

@@ -115,6 +115,7 @@ pub struct Function {
     pub(crate) name: String,
     pub(crate) doc: String,
     pub(crate) inputs: Option<Vec<TensorSpec>>,
+    pub(crate) arg_names: Vec<String>,
     pub(crate) exec: Exec,
     pub(crate) stats: FunctionStats,
 }
@@ -127,7 +128,14 @@ impl fmt::Debug for Function {
 
 impl Function {
     fn with_exec(name: impl Into<String>, exec: Exec) -> Self {
-        Self { name: name.into(), doc: String::new(), inputs: None, exec, stats: FunctionStats::default() }
+        Self {
+            name: name.into(),
+            doc: String::new(),
+            inputs: None,
+            arg_names: Vec::new(),
+            exec,
+            stats: FunctionStats::default(),
+        }
     }
 
     /// A sync function, run on the blocking thread pool (off the async runtime).
@@ -164,13 +172,21 @@ impl Function {
         let name = name.into();
         let stats = FunctionStats::default();
         let batcher = Batcher::start(name.clone(), config, Arc::new(f), stats.clone());
-        Self { name, doc: String::new(), inputs: None, exec: Exec::Batched(batcher), stats }
+        Self { name, doc: String::new(), inputs: None, arg_names: Vec::new(), exec: Exec::Batched(batcher), stats }
     }
 
     /// Declares the inputs; calls with other dtypes, shapes or counts are
     /// refused before the function runs.
     pub fn inputs(mut self, specs: impl IntoIterator<Item = TensorSpec>) -> Self {
         self.inputs = Some(specs.into_iter().collect());
+        self
+    }
+
+    /// Names the scalar arguments in positional order: callers that pass
+    /// arguments by position (JSON-RPC `"params": [10, 20]`) reach the
+    /// function as `args` of these names. Shown by `list_functions`.
+    pub fn arg_names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.arg_names = names.into_iter().map(Into::into).collect();
         self
     }
 
@@ -212,6 +228,7 @@ impl Function {
             max_batch,
             max_wait_us,
             is_async: matches!(self.exec, Exec::Async(_)),
+            arg_names: self.arg_names.clone(),
         }
     }
 

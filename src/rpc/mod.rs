@@ -2,7 +2,7 @@
 //! ([`call`]), scalar values ([`value`]), named functions with signatures
 //! ([`function`]), server-side dynamic batching ([`batch`]), background
 //! tasks ([`tasks`]), the built-in functions ([`builtins`]) and the retry
-//! policy ([`retry`]).
+//! policy ([`retry`]), and what a store reports holding ([`listing`]).
 //!
 //! May import: `pipeline::wire`, `observe::stats`, `config`, `error`, `util`.
 //! Nothing from `client`, `server` or `grpc`.
@@ -11,6 +11,7 @@ pub(crate) mod batch;
 pub mod builtins;
 pub(crate) mod call;
 pub(crate) mod function;
+pub(crate) mod listing;
 pub(crate) mod retry;
 pub(crate) mod tasks;
 pub(crate) mod value;

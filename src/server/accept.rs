@@ -1,5 +1,6 @@
 //! Listening and accepting: the listener for each URL (gRPC listeners also
-//! mount health, reflection and the skytorch compat service), the accept
+//! mount health, reflection and the skytorch compat service; `http://`
+//! listeners serve JSON-RPC), the accept
 //! loop, and the per-connection loop that hands each stream to the dispatcher.
 
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
-#[cfg(feature = "grpc")]
+#[cfg(any(feature = "grpc", feature = "http"))]
 use tensorwire_transports::Scheme;
 use tensorwire_transports::{AcceptError, Connection, Endpoint, Incoming, ListenError, Listener};
 
@@ -28,6 +29,10 @@ pub(crate) async fn listen(endpoint: &Endpoint, inner: &Arc<ServerInner>) -> Res
     #[cfg(feature = "grpc")]
     if matches!(endpoint.scheme(), Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix) {
         return crate::grpc::service::listen(endpoint, inner).await;
+    }
+    #[cfg(feature = "http")]
+    if endpoint.scheme() == Scheme::Http {
+        return crate::jsonrpc::listen(endpoint, inner).await;
     }
     tensorwire_transports::listen(endpoint, &inner.config.transport).await
 }

@@ -18,6 +18,7 @@ use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
 use crate::rpc::call::Call;
 use crate::rpc::call::{CallContext, Cancellation, FetchRequest};
+use crate::rpc::listing::{Selector, StoredTensor};
 use crate::rpc::tasks::TaskState;
 use crate::rpc::value::Args;
 use crate::server::state::{ServerInner, Session};
@@ -83,6 +84,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         cancel: Cancellation::default(),
         max_tensor_bytes: inner.config.limits.max_tensor_bytes,
         budget: Some(inner.budget.clone()),
+        params: req.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
     let work = run_method(&inner, method, req, &mut input, &mut writer, &ctx);
@@ -292,6 +294,21 @@ async fn run_method(
                 v1::HealthState::NotServing
             };
             Ok(v1::Reply { health: h as i32, ..Default::default() })
+        }
+        Method::List | Method::Remove => {
+            let which = Selector::from_params(|k| req.params.get(k).map(String::as_str));
+            let tensors = if method == Method::List {
+                inner.service.list(ctx, &which).await?
+            } else {
+                inner.service.remove(ctx, &which).await?
+            };
+            let usage = inner.service.usage().unwrap_or_default();
+            let listing = v1::StoreListing {
+                tensors: tensors.iter().map(StoredTensor::to_wire).collect(),
+                total_bytes: usage.bytes,
+                max_bytes: usage.max_bytes,
+            };
+            Ok(v1::Reply { listing: Some(listing), ..Default::default() })
         }
         Method::Unspecified => Err(Status::invalid_argument(format!("unknown method {}", req.method))),
     }

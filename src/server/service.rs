@@ -7,6 +7,7 @@ use tensorwire_codecs::Tensor;
 use crate::error::Status;
 use crate::pipeline::tensors::{TensorSink, TensorStream};
 use crate::rpc::call::{CallContext, FetchRequest, SendSummary};
+use crate::rpc::listing::{Selector, StoreUsage, StoredTensor};
 
 /// The streaming modes of the first seed. Every method has a default, so an
 /// implementation overrides only what it serves; [`TensorService::process`]
@@ -61,6 +62,23 @@ pub trait TensorService: Send + Sync + 'static {
     fn reclaim(&self, wanted: u64) -> u64 {
         let _ = wanted;
         0
+    }
+
+    /// What the service holds (`tensorwire ls`). The default stores nothing.
+    async fn list(&self, ctx: &CallContext, which: &Selector) -> Result<Vec<StoredTensor>, Status> {
+        let _ = (ctx, which);
+        Err(Status::unimplemented("this server stores no tensors to list"))
+    }
+
+    /// Deletes what `which` selects and returns it (`tensorwire rm`).
+    async fn remove(&self, ctx: &CallContext, which: &Selector) -> Result<Vec<StoredTensor>, Status> {
+        let _ = (ctx, which);
+        Err(Status::unimplemented("this server stores no tensors to remove"))
+    }
+
+    /// How much the service holds, for `info` and metrics (None: it stores nothing).
+    fn usage(&self) -> Option<StoreUsage> {
+        None
     }
 }
 

@@ -76,6 +76,7 @@ impl ServerInner {
             memory_limit: self.budget.limit(),
             memory_used: self.budget.used(),
             memory_refused: self.budget.refused(),
+            store: self.service.usage().unwrap_or_default(),
         }
     }
 

@@ -1,10 +1,20 @@
 //! [`StoreService`]: what `tensorwire serve` runs. `send` stores tensors by
 //! name, `fetch` returns them (or generates random ones, like the Python
-//! seed's `SendTensors`), `exchange` echoes.
+//! seed's `SendTensors`), `exchange` echoes; `list` and `remove` show and
+//! delete what it holds.
+//!
+//! **State dicts.** A send whose request carries `state_dict = m` stores its
+//! tensors as one state dict: each under `m.<key>` (its name on the wire is
+//! the key), in the order sent. It replaces the state dict `m` as a whole
+//! once every tensor has arrived, and not at all if the call fails, so
+//! readers never see half of an update. `fetch` with `name = m` (when no
+//! tensor is named `m`) or `state_dict = m` returns the tensors in that
+//! order, each storage once (tied weights and views stay shared). The
+//! catalog beside the tensors (`catalog.rs`) records state dicts and ages.
 
-use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use async_trait::async_trait;
 use tensorwire_codecs::{DType, Tensor};
@@ -13,8 +23,10 @@ use crate::error::Status;
 use crate::pipeline::tensors::{TensorSink, TensorStream};
 use crate::rpc::builtins::random_tensor;
 use crate::rpc::call::{CallContext, FetchRequest, SendSummary};
+use crate::rpc::listing::{Selector, StoreUsage, StoredTensor};
+use crate::server::catalog::Catalog;
 use crate::server::service::TensorService;
-use crate::util::sync::{read, write};
+use crate::util::sync::{lock, read, write};
 
 /// What a full store does with a new tensor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,8 +34,9 @@ pub enum EvictPolicy {
     /// Refuse it (`RESOURCE_EXHAUSTED`); nothing stored is dropped. The default.
     #[default]
     Refuse,
-    /// Drop the least recently stored or fetched tensors until it fits, and
-    /// give memory back the same way when the server's memory budget runs out.
+    /// Drop the least recently stored or fetched tensors (a state dict as a
+    /// whole) until it fits, and give memory back the same way when the
+    /// server's memory budget runs out.
     Lru,
 }
 
@@ -47,21 +60,17 @@ impl std::fmt::Display for EvictPolicy {
     }
 }
 
-#[derive(Debug)]
-struct Entry {
-    tensor: Tensor,
-    /// Tick of the last store or fetch, for LRU eviction.
-    used: AtomicU64,
-}
-
 /// Keeps tensors in memory by name, up to a byte budget.
 #[derive(Debug)]
 pub struct StoreService {
-    tensors: RwLock<BTreeMap<String, Entry>>,
+    tensors: RwLock<BTreeMap<String, Tensor>>,
     max_bytes: u64,
     policy: EvictPolicy,
     used: AtomicU64,
     unnamed: AtomicU64,
+    catalog: Catalog,
+    /// Tick of each name's last store or fetch (LRU order).
+    last_used: Mutex<HashMap<String, u64>>,
     tick: AtomicU64,
     evicted: AtomicU64,
 }
@@ -80,26 +89,25 @@ impl StoreService {
             policy,
             used: AtomicU64::new(0),
             unnamed: AtomicU64::new(0),
+            catalog: Catalog::default(),
+            last_used: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
         }
     }
 
-    fn now(&self) -> u64 {
-        self.tick.fetch_add(1, Ordering::Relaxed)
+    fn touch(&self, name: &str) {
+        let t = self.tick.fetch_add(1, Ordering::Relaxed);
+        lock(&self.last_used).insert(name.to_string(), t);
     }
 
     /// A stored tensor.
     pub fn get(&self, name: &str) -> Option<Tensor> {
-        read(&self.tensors).get(name).map(|e| {
-            e.used.store(self.now(), Ordering::Relaxed);
-            e.tensor.clone()
-        })
-    }
-
-    /// Names of stored tensors, sorted.
-    pub fn names(&self) -> Vec<String> {
-        read(&self.tensors).keys().cloned().collect()
+        let t = read(&self.tensors).get(name).cloned();
+        if t.is_some() {
+            self.touch(name);
+        }
+        t
     }
 
     /// Payload bytes stored.
@@ -112,36 +120,50 @@ impl StoreService {
         self.evicted.load(Ordering::Acquire)
     }
 
-    /// Drops least recently used tensors (never `keep`) until `wanted`
-    /// bytes are freed or none is left; returns the bytes freed. Call with
-    /// the map locked.
-    fn evict(&self, map: &mut BTreeMap<String, Entry>, wanted: u64, keep: Option<&str>) -> u64 {
+    /// Drops least recently used tensors (never `keep`; a member of a state
+    /// dict takes its whole state dict with it, so none is left partial)
+    /// until `wanted` bytes are freed or none is left; returns the bytes
+    /// freed. Call with the map locked.
+    fn evict(&self, map: &mut BTreeMap<String, Tensor>, wanted: u64, keep: Option<&str>) -> u64 {
         let mut freed = 0;
         while freed < wanted {
-            let Some(victim) = map
-                .iter()
-                .filter(|(k, _)| Some(k.as_str()) != keep)
-                .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
-                .map(|(k, _)| k.clone())
-            else {
-                break;
+            let victim = {
+                let lu = lock(&self.last_used);
+                map.keys()
+                    .filter(|k| Some(k.as_str()) != keep)
+                    .min_by_key(|k| lu.get(*k).copied().unwrap_or(0))
+                    .cloned()
             };
-            if let Some(e) = map.remove(&victim) {
-                let n = e.tensor.nbytes() as u64;
-                freed += n;
-                self.used.fetch_sub(n, Ordering::AcqRel);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(name = %victim, bytes = n, "evicted from the store");
+            let Some(victim) = victim else { break };
+            let names = match self.catalog.describe(&victim).0.and_then(|g| self.catalog.members(&g)) {
+                Some(members) => members,
+                None => vec![victim],
+            };
+            for n in names {
+                if let Some(t) = map.remove(&n) {
+                    let b = t.nbytes() as u64;
+                    freed += b;
+                    self.used.fetch_sub(b, Ordering::AcqRel);
+                    self.evicted.fetch_add(1, Ordering::Relaxed);
+                    self.catalog.forget(&n);
+                    lock(&self.last_used).remove(&n);
+                    tracing::debug!(name = %n, bytes = b, "evicted from the store");
+                }
             }
         }
         freed
+    }
+
+    /// Names of stored tensors, sorted.
+    pub fn names(&self) -> Vec<String> {
+        read(&self.tensors).keys().cloned().collect()
     }
 
     /// Stores `t` under `name`, replacing any tensor of that name.
     pub fn put(&self, name: String, t: Tensor) -> Result<(), Status> {
         let n = t.nbytes() as u64;
         let mut map = write(&self.tensors);
-        let freed = map.get(&name).map_or(0, |old| old.tensor.nbytes() as u64);
+        let freed = map.get(&name).map_or(0, |old| old.nbytes() as u64);
         let over = |used: u64| (used - freed).saturating_add(n).saturating_sub(self.max_bytes);
         let short = over(self.used.load(Ordering::Acquire));
         if short > 0 && self.policy == EvictPolicy::Lru && n <= self.max_bytes {
@@ -154,14 +176,139 @@ impl StoreService {
                 self.max_bytes, self.policy
             )));
         }
-        map.insert(name, Entry { tensor: t, used: AtomicU64::new(self.now()) });
+        self.catalog.stored(&name);
+        self.touch(&name);
+        map.insert(name, t);
         self.used.store(used - freed + n, Ordering::Release);
         Ok(())
     }
 
+    /// Stores `items` as the state dict `name`: each tensor under
+    /// `name.<key>`, in this order, replacing any state dict `name` (and
+    /// tensors of the new names) as a whole, or nothing when the budget
+    /// does not allow it.
+    pub fn put_state_dict(&self, name: &str, items: Vec<(String, Tensor)>) -> Result<(), Status> {
+        check_state_dict_name(name)?;
+        let names: Vec<String> = items.iter().map(|(k, _)| format!("{name}.{k}")).collect();
+        let mut seen = HashSet::new();
+        if let Some(k) = items.iter().map(|(k, _)| k).find(|k| !seen.insert(*k)) {
+            return Err(Status::invalid_argument(format!("state dict {name:?} has the key {k:?} twice")));
+        }
+        let new: u64 = items.iter().map(|(_, t)| t.nbytes() as u64).sum();
+        let mut map = write(&self.tensors);
+        let old = self.catalog.members(name).unwrap_or_default();
+        let replaced: HashSet<&String> = old.iter().chain(&names).collect();
+        let freed: u64 = replaced.iter().filter_map(|n| map.get(*n)).map(|t| t.nbytes() as u64).sum();
+        let used = self.used.load(Ordering::Acquire);
+        if used - freed + new > self.max_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "storing state dict {name:?} ({new} bytes) would exceed the store's {} byte budget ({used} used, {freed} freed by what it replaces)",
+                self.max_bytes
+            )));
+        }
+        for n in &old {
+            map.remove(n);
+        }
+        for (n, (_, t)) in names.iter().zip(items) {
+            map.insert(n.clone(), t.with_name(n.clone()));
+        }
+        self.catalog.set_state_dict(name, &names);
+        self.used.store(used - freed + new, Ordering::Release);
+        Ok(())
+    }
+
+    /// The state dict `name`: its keys and tensors, in order.
+    pub fn get_state_dict(&self, name: &str) -> Option<Vec<(String, Tensor)>> {
+        let map = read(&self.tensors);
+        let members = self.catalog.members(name)?;
+        let prefix = format!("{name}.");
+        Some(
+            members
+                .iter()
+                .filter_map(|n| Some((n.strip_prefix(&prefix).unwrap_or(n).to_string(), map.get(n)?.clone())))
+                .collect(),
+        )
+    }
+
+    /// Receives the tensors of a send as the state dict `name`, checking
+    /// the budget as they arrive; stores them once all are there.
+    async fn receive_state_dict(&self, name: &str, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
+        check_state_dict_name(name)?;
+        let replaced: u64 = {
+            let map = read(&self.tensors);
+            self.catalog
+                .members(name)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|n| map.get(n))
+                .map(|t| t.nbytes() as u64)
+                .sum()
+        };
+        let mut items: Vec<(String, Tensor)> = Vec::new();
+        let mut keys = HashSet::new();
+        let mut staged = 0u64;
+        while let Some(t) = tensors.next().await {
+            let t = t.map_err(Status::from)?;
+            let key = t.name().filter(|k| !k.is_empty()).map(str::to_string).ok_or_else(|| {
+                Status::invalid_argument(format!("tensor {} of state dict {name:?} has no name (its key)", items.len()))
+            })?;
+            if !keys.insert(key.clone()) {
+                return Err(Status::invalid_argument(format!("state dict {name:?} has the key {key:?} twice")));
+            }
+            staged += t.nbytes() as u64;
+            let used = self.used.load(Ordering::Acquire);
+            if used.saturating_sub(replaced) + staged > self.max_bytes {
+                return Err(Status::resource_exhausted(format!(
+                    "state dict {name:?}: {staged} bytes so far would exceed the store's {} byte budget ({used} used)",
+                    self.max_bytes
+                )));
+            }
+            items.push((key, t));
+        }
+        let n = items.len();
+        self.put_state_dict(name, items)?;
+        Ok(SendSummary {
+            received: n as u64,
+            bytes: staged,
+            message: format!("stored state dict {name} ({n} tensors)"),
+        })
+    }
+
+    fn stored(&self, name: &str, t: &Tensor) -> StoredTensor {
+        let (state_dict, age) = self.catalog.describe(name);
+        StoredTensor {
+            name: name.to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            bytes: t.nbytes() as u64,
+            state_dict,
+            age,
+        }
+    }
+
+    /// What `which` selects: by name (a tensor, else a state dict's tensors
+    /// in order; None: neither), or by prefix (sorted by name).
+    fn select(&self, map: &BTreeMap<String, Tensor>, which: &Selector) -> Option<Vec<String>> {
+        match which {
+            Selector::Name(n) if map.contains_key(n) => Some(vec![n.clone()]),
+            Selector::Name(n) => self.catalog.members(n),
+            Selector::Prefix(p) => Some(
+                map.range(p.clone()..).take_while(|(k, _)| k.starts_with(p.as_str())).map(|(k, _)| k.clone()).collect(),
+            ),
+        }
+    }
+
+    /// NOT_FOUND for what `which` names (built without the map's lock held).
+    fn not_selected(&self, which: &Selector) -> Status {
+        match which {
+            Selector::Name(n) | Selector::Prefix(n) => self.missing(n),
+        }
+    }
+
     /// The error for a name not stored: names the tensor and how many are
     /// stored, never the stored names (they may be many, and not the
-    /// caller's to know).
+    /// caller's to know). Takes the map's read lock: call it without the
+    /// write lock held.
     fn missing(&self, name: &str) -> Status {
         let count = read(&self.tensors).len();
         Status::not_found(format!("no tensor named {name:?} (the store holds {count} tensors)"))
@@ -176,7 +323,10 @@ impl Default for StoreService {
 
 #[async_trait]
 impl TensorService for StoreService {
-    async fn send(&self, _ctx: &CallContext, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
+    async fn send(&self, ctx: &CallContext, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
+        if let Some(name) = ctx.param("state_dict") {
+            return self.receive_state_dict(name, tensors).await;
+        }
         let mut s = SendSummary::default();
         let mut names = Vec::new();
         while let Some(t) = tensors.next().await {
@@ -195,9 +345,16 @@ impl TensorService for StoreService {
     }
 
     async fn fetch(&self, ctx: &CallContext, req: &FetchRequest, out: &mut TensorSink<'_>) -> Result<(), Status> {
+        if let Some(name) = req.get("state_dict") {
+            let sd = self.get_state_dict(name).ok_or_else(|| self.missing(name))?;
+            return out.send_state_dict(&sd.into_iter().map(|(_, t)| t).collect::<Vec<_>>()).await;
+        }
         if let Some(name) = req.get("name") {
-            let t = self.get(name).ok_or_else(|| self.missing(name))?;
-            return out.send(t).await;
+            if let Some(t) = self.get(name) {
+                return out.send(t).await;
+            }
+            let sd = self.get_state_dict(name).ok_or_else(|| self.missing(name))?;
+            return out.send_state_dict(&sd.into_iter().map(|(_, t)| t).collect::<Vec<_>>()).await;
         }
         if let Some(list) = req.get("names") {
             for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -207,15 +364,14 @@ impl TensorService for StoreService {
             return Ok(());
         }
         if req.get("all").is_some() {
-            let all: Vec<Tensor> = read(&self.tensors).values().map(|e| e.tensor.clone()).collect();
+            let all: Vec<Tensor> = read(&self.tensors).values().cloned().collect();
             for t in all {
                 out.send(t).await?;
             }
             return Ok(());
         }
         if let Some(shape) = req.get("shape") {
-            // The seed's SendTensors: `count` random tensors of `shape`,
-            // made one at a time, each checked against the limits first.
+            // The seed's SendTensors: `count` random tensors of `shape`.
             let shape = parse_shape(shape).map_err(Status::invalid_argument)?;
             let count: u64 = req
                 .get("count")
@@ -250,8 +406,34 @@ impl TensorService for StoreService {
             return Ok(());
         }
         Err(Status::invalid_argument(
-            "fetch needs a parameter: name=N, names=A,B, all=1, or shape=D1,D2[,count=K][,dtype=D]",
+            "fetch needs a parameter: name=N, state_dict=N, names=A,B, all=1, or shape=D1,D2[,count=K][,dtype=D]",
         ))
+    }
+
+    async fn list(&self, _ctx: &CallContext, which: &Selector) -> Result<Vec<StoredTensor>, Status> {
+        let map = read(&self.tensors);
+        let Some(names) = self.select(&map, which) else {
+            drop(map);
+            return Err(self.not_selected(which));
+        };
+        Ok(names.iter().filter_map(|n| Some(self.stored(n, map.get(n)?))).collect())
+    }
+
+    async fn remove(&self, _ctx: &CallContext, which: &Selector) -> Result<Vec<StoredTensor>, Status> {
+        let mut map = write(&self.tensors);
+        let Some(names) = self.select(&map, which) else {
+            drop(map);
+            return Err(self.not_selected(which));
+        };
+        let mut removed = Vec::with_capacity(names.len());
+        for n in names {
+            if let Some(t) = map.remove(&n) {
+                removed.push(self.stored(&n, &t));
+                self.used.fetch_sub(t.nbytes() as u64, Ordering::AcqRel);
+            }
+            self.catalog.forget(&n);
+        }
+        Ok(removed)
     }
 
     fn reclaim(&self, wanted: u64) -> u64 {
@@ -261,6 +443,22 @@ impl TensorService for StoreService {
         let mut map = write(&self.tensors);
         self.evict(&mut map, wanted, None)
     }
+
+    fn usage(&self) -> Option<StoreUsage> {
+        let map = read(&self.tensors);
+        Some(StoreUsage {
+            tensors: map.len() as u64,
+            bytes: self.used.load(Ordering::Acquire),
+            max_bytes: self.max_bytes,
+        })
+    }
+}
+
+fn check_state_dict_name(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("a state dict needs a name"));
+    }
+    Ok(())
 }
 
 /// Parses `"64,1024"` (or `"[64, 1024]"`) into a shape.
@@ -315,5 +513,49 @@ mod tests {
         assert_eq!(s.bytes(), 0);
         assert!(s.put("huge".into(), t(101)).is_err(), "a tensor above the whole store is refused");
         assert_eq!(StoreService::new(10).reclaim(5), 0, "refuse never evicts");
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    fn u8s(n: usize) -> Tensor {
+        Tensor::zeros(DType::UInt8, [n]).unwrap()
+    }
+
+    #[test]
+    fn state_dicts_replace_whole_list_and_remove() {
+        let s = StoreService::new(100);
+        let ctx = CallContext::local();
+        s.put("m.stale".into(), u8s(5)).unwrap();
+        s.put_state_dict("m", vec![("w".into(), u8s(30)), ("b".into(), u8s(10))]).unwrap();
+        let sd = s.get_state_dict("m").unwrap();
+        assert_eq!(sd.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), vec!["w", "b"]);
+        assert_eq!(sd[0].1.name(), Some("m.w"));
+        // A new version replaces the old one as a whole (40 + 50 fits only
+        // because the old 40 bytes are freed).
+        s.put_state_dict("m", vec![("b".into(), u8s(50))]).unwrap();
+        assert_eq!(s.get_state_dict("m").unwrap().len(), 1);
+        assert!(s.get("m.w").is_none());
+        assert_eq!(s.usage().unwrap().bytes, 55);
+        let e = s.put_state_dict("m", vec![("b".into(), u8s(50)), ("c".into(), u8s(50))]).unwrap_err();
+        assert_eq!(e.code, crate::Code::ResourceExhausted);
+        assert_eq!(s.get_state_dict("m").unwrap().len(), 1, "a refused update changes nothing");
+        assert!(s.put_state_dict("m", vec![("x".into(), u8s(1)), ("x".into(), u8s(1))]).is_err());
+        // Listing: by name (the state dict, in order) or by prefix.
+        let by_name = run(s.list(&ctx, &Selector::Name("m".into()))).unwrap();
+        assert_eq!(by_name.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), vec!["m.b"]);
+        assert_eq!((by_name[0].state_dict.as_deref(), by_name[0].key()), (Some("m"), "b"));
+        let by_prefix = run(s.list(&ctx, &Selector::Prefix("m.".into()))).unwrap();
+        assert_eq!(by_prefix.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), vec!["m.b", "m.stale"]);
+        assert_eq!(run(s.list(&ctx, &Selector::Name("zz".into()))).unwrap_err().code, crate::Code::NotFound);
+        assert_eq!(run(s.remove(&ctx, &Selector::Name("zz".into()))).unwrap_err().code, crate::Code::NotFound);
+        // Removing the state dict takes its tensors and nothing else.
+        let gone = run(s.remove(&ctx, &Selector::Name("m".into()))).unwrap();
+        assert_eq!(gone.len(), 1);
+        assert!(s.get_state_dict("m").is_none());
+        assert_eq!(s.names(), vec!["m.stale"]);
+        assert_eq!(run(s.remove(&ctx, &Selector::Prefix("m".into()))).unwrap().len(), 1);
+        assert_eq!(s.usage().unwrap(), StoreUsage { tensors: 0, bytes: 0, max_bytes: 100 });
     }
 }

@@ -1,6 +1,6 @@
 //! Endpoint URLs: `tcp://host:port`, `unix:///path`, `quic://host:port`,
 //! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`,
-//! `ucx://host:port`.
+//! `ucx://host:port`, `http://host:port`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -26,11 +26,14 @@ pub enum Scheme {
     Shm,
     /// `ucx://host:port`: control over TCP, large payloads through UCX
     Ucx,
+    /// `http://host:port`: JSON-RPC 2.0 over HTTP/1.1 for clients in any
+    /// language (served by the `tensorwire` server, not a transport here)
+    Http,
 }
 
 impl Scheme {
     /// Every scheme.
-    pub const ALL: [Scheme; 8] = [
+    pub const ALL: [Scheme; 9] = [
         Scheme::Tcp,
         Scheme::Unix,
         Scheme::Quic,
@@ -39,6 +42,7 @@ impl Scheme {
         Scheme::GrpcUnix,
         Scheme::Shm,
         Scheme::Ucx,
+        Scheme::Http,
     ];
 
     /// The URL prefix without `://`.
@@ -52,6 +56,7 @@ impl Scheme {
             Scheme::GrpcUnix => "grpc+unix",
             Scheme::Shm => "shm",
             Scheme::Ucx => "ucx",
+            Scheme::Http => "http",
         }
     }
 
@@ -64,6 +69,7 @@ impl Scheme {
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => "grpc",
             Scheme::Shm => "shm",
             Scheme::Ucx => "ucx",
+            Scheme::Http => "http",
         }
     }
 
@@ -76,6 +82,7 @@ impl Scheme {
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => cfg!(feature = "grpc"),
             Scheme::Shm => cfg!(feature = "shm"),
             Scheme::Ucx => cfg!(feature = "ucx"),
+            Scheme::Http => cfg!(feature = "http"),
         }
     }
 
@@ -117,13 +124,17 @@ impl Endpoint {
     pub fn parse(url: &str) -> Result<Self, EndpointError> {
         let err = |reason: &str| EndpointError { url: url.to_string(), reason: reason.to_string() };
         let (scheme_str, rest) = url.split_once("://").ok_or_else(|| {
-            err("expected SCHEME://..., e.g. tcp://127.0.0.1:7070, unix:///tmp/tw.sock, quic://host:7071, grpc://host:50051, shm://name")
+            err("expected SCHEME://..., e.g. tcp://127.0.0.1:7070, unix:///tmp/tw.sock, quic://host:7071, grpc://host:50051, shm://name, http://host:8080")
         })?;
         let scheme =
             Scheme::ALL.into_iter().find(|s| s.as_str() == scheme_str.to_ascii_lowercase()).ok_or_else(|| {
-                err(&format!("unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm, ucx"))
+                err(&format!(
+                    "unknown scheme {scheme_str:?}; known: tcp, unix, quic, grpc, grpcs, grpc+unix, shm, ucx, http"
+                ))
             })?;
         let (body, query_str) = rest.split_once('?').unwrap_or((rest, ""));
+        // http://host:port/ and http://host:port/rpc name the same server.
+        let body = if scheme == Scheme::Http { body.split_once('/').map_or(body, |(b, _)| b) } else { body };
         let mut query = Vec::new();
         for pair in query_str.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -264,13 +275,15 @@ mod tests {
         assert_eq!((u.scheme(), u.host(), u.port()), (Scheme::Ucx, "10.0.0.2", 7070));
         assert_eq!(Endpoint::parse("shm://train-0").unwrap().name(), "train-0");
         assert_eq!(Endpoint::parse("grpcs://example.com:443").unwrap().to_string(), "grpcs://example.com:443");
+        let e = Endpoint::parse("http://127.0.0.1:8080/rpc").unwrap();
+        assert_eq!((e.scheme(), e.port(), e.to_string().as_str()), (Scheme::Http, 8080, "http://127.0.0.1:8080"));
     }
 
     #[test]
     fn clear_errors() {
         for (url, needle) in [
             ("127.0.0.1:80", "SCHEME://"),
-            ("http://x:1", "unknown scheme"),
+            ("ftp://x:1", "unknown scheme"),
             ("tcp://x", "HOST:PORT"),
             ("tcp://x:99999", "port"),
             ("tcp://:80", "missing host"),

@@ -571,6 +571,12 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Shm => unix::connect(endpoint, config).await,
             #[cfg(feature = "ucx")]
             Scheme::Ucx => ucx::connect(endpoint, config).await,
+            Scheme::Http => Err(ConnectError::Config {
+                endpoint: endpoint.to_string(),
+                reason: "http:// serves JSON-RPC to HTTP clients (POST /rpc); tensorwire clients connect with \
+                         tcp://, unix://, quic://, grpc:// or shm://"
+                    .into(),
+            }),
             #[allow(unreachable_patterns)]
             other => Err(ConnectError::NotEnabled { scheme: other, feature: other.feature() }),
         }
@@ -597,6 +603,10 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
         Scheme::Shm => unix::listen(endpoint, config).await,
         #[cfg(feature = "ucx")]
         Scheme::Ucx => ucx::listen(endpoint, config).await,
+        Scheme::Http => Err(ListenError::Config {
+            endpoint: endpoint.to_string(),
+            reason: "http:// (JSON-RPC) is served by the tensorwire server, not by a transport".into(),
+        }),
         #[allow(unreachable_patterns)]
         other => Err(ListenError::NotEnabled { scheme: other, feature: other.feature() }),
     }

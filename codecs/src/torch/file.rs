@@ -158,15 +158,11 @@ pub fn save(value: &Object, options: &SaveOptions) -> Result<Vec<Bytes>, EncodeE
     w.value(&pv);
     let name = if options.archive_name.is_empty() { "archive" } else { options.archive_name.as_str() };
     let mut z = ZipWriter::new(64, options.compute_crc32);
-    z.add(&format!("{name}/data.pkl"), w.finish());
-    z.add(&format!("{name}/.format_version"), Bytes::from_static(b"1"));
-    z.add(&format!("{name}/.storage_alignment"), Bytes::from_static(b"64"));
-    z.add(&format!("{name}/byteorder"), Bytes::from_static(b"little"));
+    pickle_records(&mut z, name, w.finish());
     for (i, (data, _)) in storages.iter().enumerate() {
         z.add(&format!("{name}/data/{i}"), data.clone());
     }
-    z.add(&format!("{name}/version"), Bytes::from_static(b"3\n"));
-    z.add(&format!("{name}/.data/serialization_id"), Bytes::from(serialization_id().into_bytes()));
+    trailer_records(&mut z, name);
     Ok(z.finish())
 }
 
@@ -210,27 +206,56 @@ fn to_pickle(
         Object::Tensor(t) => {
             let data = t.host_storage()?.clone();
             let dtype = t.dtype();
-            let item = dtype.itemsize();
             // Views of one storage share one record, as in torch.
             let id = (data.as_ptr() as usize, data.len(), dtype);
+            let record = storage_record(t)?;
             let key = *keys.entry(id).or_insert_with(|| {
-                storages.push((data.slice(..data.len() / item * item), dtype));
+                storages.push((record, dtype));
                 storages.len() - 1
             });
-            let numel = (data.len() / item) as u64;
-            let typed = storage_class(dtype).is_some();
-            PickleValue::Tensor(TensorRef {
-                storage: StorageRef {
-                    dtype: typed.then_some(dtype),
-                    key: key.to_string(),
-                    location: "cpu".into(),
-                    numel: if typed { numel } else { numel * item as u64 },
-                },
-                dtype,
-                offset: t.storage_offset() as u64,
-                shape: t.shape().iter().map(|&d| d as u64).collect(),
-                strides: t.strides().iter().map(|&s| s as u64).collect(),
-            })
+            PickleValue::Tensor(tensor_ref(t, key)?)
         }
     })
+}
+
+/// The bytes of the record holding `t`'s storage: the whole storage, in
+/// whole elements.
+pub(crate) fn storage_record(t: &Tensor) -> Result<Bytes, EncodeError> {
+    let data = t.host_storage()?;
+    let item = t.dtype().itemsize();
+    Ok(data.slice(..data.len() / item * item))
+}
+
+/// How the pickle refers to `t`, whose storage is record `data/<key>`.
+pub(crate) fn tensor_ref(t: &Tensor, key: usize) -> Result<TensorRef, EncodeError> {
+    let dtype = t.dtype();
+    let item = dtype.itemsize();
+    let numel = (t.host_storage()?.len() / item) as u64;
+    let typed = storage_class(dtype).is_some();
+    Ok(TensorRef {
+        storage: StorageRef {
+            dtype: typed.then_some(dtype),
+            key: key.to_string(),
+            location: "cpu".into(),
+            numel: if typed { numel } else { numel * item as u64 },
+        },
+        dtype,
+        offset: t.storage_offset() as u64,
+        shape: t.shape().iter().map(|&d| d as u64).collect(),
+        strides: t.strides().iter().map(|&s| s as u64).collect(),
+    })
+}
+
+/// Writes the pickle and the small records torch writes beside it.
+pub(crate) fn pickle_records(z: &mut ZipWriter, name: &str, pickle: Bytes) {
+    z.add(&format!("{name}/data.pkl"), pickle);
+    z.add(&format!("{name}/.format_version"), Bytes::from_static(b"1"));
+    z.add(&format!("{name}/.storage_alignment"), Bytes::from_static(b"64"));
+    z.add(&format!("{name}/byteorder"), Bytes::from_static(b"little"));
+}
+
+/// The records torch writes after the storages.
+pub(crate) fn trailer_records(z: &mut ZipWriter, name: &str) {
+    z.add(&format!("{name}/version"), Bytes::from_static(b"3\n"));
+    z.add(&format!("{name}/.data/serialization_id"), Bytes::from(serialization_id().into_bytes()));
 }

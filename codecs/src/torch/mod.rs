@@ -22,6 +22,7 @@
 //! |---|---|
 //! | `object.rs` | [`Object`], the object tree a file holds |
 //! | `file.rs` | [`load`], [`save`], [`SaveOptions`]: whole torch.save files |
+//! | `stream.rs` | [`StateDictWriter`]: a state dict written to a file while its tensors arrive |
 //! | `codec.rs` | [`TorchCodec`], one tensor per payload for the pipeline |
 //! | `cursor.rs` | bounds-checked little-endian reads, for the zip reader and the pickle interpreter |
 //! | `zip.rs` | [`zip`]: the zip container (stored entries, aligned) |
@@ -36,6 +37,7 @@ mod object;
 pub mod pickle;
 mod pickle_model;
 pub mod pickle_write;
+mod stream;
 #[cfg(test)]
 mod tests;
 pub mod zip;
@@ -43,3 +45,4 @@ pub mod zip;
 pub use codec::TorchCodec;
 pub use file::{SaveOptions, load, save};
 pub use object::Object;
+pub use stream::StateDictWriter;

@@ -263,6 +263,13 @@ impl ZipWriter {
         self.central.push(CentralRecord { name: name.to_string(), crc, size, lfh_offset });
     }
 
+    /// Takes the segments written so far (for writing an archive out as it
+    /// is built); the next ones, and [`ZipWriter::finish`], follow them.
+    pub fn take_segments(&mut self) -> Vec<Bytes> {
+        self.flush_pending();
+        std::mem::take(&mut self.segments)
+    }
+
     fn flush_pending(&mut self) {
         if !self.pending.is_empty() {
             self.offset += self.pending.len() as u64;

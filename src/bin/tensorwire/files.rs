@@ -11,21 +11,33 @@ use tensorwire::{DType, Tensor};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn is_safetensors(p: &Path) -> bool {
+pub fn is_safetensors(p: &Path) -> bool {
     p.extension().is_some_and(|e| e == "safetensors")
+}
+
+/// Every tensor in a file by its key, in file order, and whether the file
+/// holds one bare tensor (`torch.save(t)`) rather than a state dict.
+pub fn load_file(path: &Path) -> Result<(Vec<(String, Tensor)>, bool), BoxError> {
+    let data = Bytes::from(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?);
+    let limits = DecodeLimits::default();
+    if is_safetensors(path) {
+        return Ok((safetensors::load(data, &limits)?.tensors, false));
+    }
+    let v = torch::load(data, &limits).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bare = matches!(v, Object::Tensor(_));
+    Ok((v.tensors().into_iter().map(|(k, t)| (k, t.clone())).collect(), bare))
 }
 
 /// Every tensor in a file, named by its key (or `name`, or the file stem).
 pub fn read_tensors(path: &Path, name: Option<&str>) -> Result<Vec<Tensor>, BoxError> {
-    let data = Bytes::from(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?);
-    let limits = DecodeLimits::default();
+    let (named, _) = load_file(path)?;
+    name_tensors(path, named, name)
+}
+
+/// A file's tensors named by key (or `name` for a single one, `name.key`
+/// for several, or the file stem for a bare tensor).
+pub fn name_tensors(path: &Path, named: Vec<(String, Tensor)>, name: Option<&str>) -> Result<Vec<Tensor>, BoxError> {
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("tensor").to_string();
-    let named: Vec<(String, Tensor)> = if is_safetensors(path) {
-        safetensors::load(data, &limits)?.tensors
-    } else {
-        let v = torch::load(data, &limits).map_err(|e| format!("{}: {e}", path.display()))?;
-        v.tensors().into_iter().map(|(k, t)| (k, t.clone())).collect()
-    };
     if named.is_empty() {
         return Err(format!("{} holds no tensors", path.display()).into());
     }

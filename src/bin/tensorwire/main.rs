@@ -1,8 +1,9 @@
-//! `tensorwire`: serve, send, fetch, call, info, health and bench.
+//! `tensorwire`: serve, send, fetch, ls, rm, call, info, health and bench.
 
 mod bench;
 mod files;
 mod harness;
+mod store;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,12 +31,17 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve: store tensors sent by name, return them from fetch, echo
-    /// exchanges, and run the built-in functions (identity, scale, sum).
+    /// exchanges, and run the built-in functions (identity, scale, sum, add).
     Serve(ServeArgs),
-    /// Send tensors (from a file or random) to a server.
+    /// Send tensors (from a file or random) to a server; a state dict file
+    /// with --name is stored as one state dict.
     Send(SendArgs),
-    /// Fetch a tensor by name.
+    /// Fetch a tensor, or a whole state dict, by name.
     Fetch(FetchArgs),
+    /// List what the server stores: name, dtype, shape, bytes, state dict, age.
+    Ls(store::LsArgs),
+    /// Delete a stored tensor, a whole state dict, or everything under a prefix.
+    Rm(store::RmArgs),
     /// Call a named function.
     Call(CallArgs),
     /// Print the server's name, version, transports, codecs and totals.
@@ -48,7 +54,8 @@ enum Command {
 
 #[derive(ClapArgs, Debug)]
 struct ServeArgs {
-    /// URL to listen on (repeatable): tcp://HOST:PORT, unix:///PATH, quic://..., grpc://..., shm://NAME
+    /// URL to listen on (repeatable): tcp://HOST:PORT, unix:///PATH, quic://..., grpc://..., shm://NAME,
+    /// http://HOST:PORT (JSON-RPC 2.0 at POST /rpc)
     #[arg(long = "listen", required = true)]
     listen: Vec<String>,
     /// Chunk size in bytes for tensors the server sends.
@@ -92,6 +99,9 @@ struct ServeArgs {
     /// Service name reported by `info`.
     #[arg(long, default_value = tensorwire::DEFAULT_SERVICE_NAME)]
     service_name: String,
+    /// Largest JSON-RPC request body on http:// listeners, in bytes.
+    #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_HTTP_BODY_BYTES)]
+    max_http_body_bytes: u64,
 }
 
 #[derive(ClapArgs, Debug, Clone)]
@@ -159,7 +169,8 @@ struct SendArgs {
     /// dtype of the random tensor (torch names; short forms like f32 work).
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Name to store the tensor under.
+    /// Name to store the tensor under; with a state dict file, the state
+    /// dict's name (its tensors are stored as NAME.<key>).
     #[arg(long)]
     name: Option<String>,
     /// Send the tensor(s) this many times.
@@ -173,10 +184,11 @@ struct FetchArgs {
     conn: ConnArgs,
     #[command(flatten)]
     enc: EncodingArgs,
-    /// Name of the tensor.
+    /// Name of the tensor, or of a state dict.
     #[arg(long)]
     name: String,
-    /// Write it to this file (.pt: torch.save format; .safetensors).
+    /// Write it to this file (.pt: torch.save format; .safetensors). A state
+    /// dict is written while it arrives.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -246,6 +258,8 @@ async fn run(cmd: Command) -> Result<std::process::ExitCode, BoxError> {
         Command::Serve(a) => serve(a).await.map(|_| ExitCode::SUCCESS),
         Command::Send(a) => send(a).await.map(|_| ExitCode::SUCCESS),
         Command::Fetch(a) => fetch(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Ls(a) => store::ls(a).await.map(|_| ExitCode::SUCCESS),
+        Command::Rm(a) => store::rm(a).await.map(|_| ExitCode::SUCCESS),
         Command::Call(a) => call(a).await.map(|_| ExitCode::SUCCESS),
         Command::Info(a) => info(a).await.map(|_| ExitCode::SUCCESS),
         Command::Health(a) => {
@@ -346,6 +360,7 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
         max_connections: a.max_connections.unwrap_or(defaults.max_connections),
         max_connections_per_peer: a.max_connections.unwrap_or(defaults.max_connections_per_peer),
         max_auth_failures: a.max_auth_failures,
+        max_http_body_bytes: a.max_http_body_bytes,
         ..defaults
     };
     if config.auth_token.is_some() {
@@ -462,7 +477,13 @@ fn report(json: bool, what: &str, bytes: u64, secs: f64, crc: u32, extra: serde_
 
 async fn send(a: SendArgs) -> Result<(), BoxError> {
     let tensors: Vec<Tensor> = match (&a.file, &a.random) {
-        (Some(f), _) => files::read_tensors(f, a.name.as_deref())?,
+        (Some(f), _) => {
+            let (items, bare) = files::load_file(f)?;
+            if let (Some(name), false) = (&a.name, bare) {
+                return store::send_state_dict(&a, name, items).await;
+            }
+            files::name_tensors(f, items, a.name.as_deref())?
+        }
         (None, Some(shape)) => {
             let dtype: DType = a.dtype.parse()?;
             let t = random_tensor(dtype, &parse_shape(shape)?, 0)?;
@@ -501,6 +522,15 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
 async fn fetch(a: FetchArgs) -> Result<(), BoxError> {
     let bar = Progress::start(None);
     let c = client(&a.conn, Some(&a.enc), Progress::counter(&bar)).await?;
+    // A name that is no tensor's may be a state dict's (servers without a
+    // store to list answer the fetch itself).
+    if let Ok(entries) = c.stat(&a.name).await
+        && !(entries.len() == 1 && entries[0].name == a.name)
+    {
+        let r = store::fetch_state_dict(&a, &c, entries).await;
+        Progress::finish(bar).await;
+        return r;
+    }
     let start = Instant::now();
     let t = c.fetch_one(&a.name).await;
     Progress::finish(bar).await;
@@ -570,7 +600,8 @@ async fn info(a: ConnArgs) -> Result<(), BoxError> {
                 "service_name": i.service_name, "version": i.version, "transports": i.transports, "codecs": i.codecs,
                 "compressions": i.compressions, "devices": i.devices, "uptime_s": i.uptime.as_secs_f64(),
                 "calls": i.calls, "failures": i.failures, "bytes_received": i.bytes_received, "bytes_sent": i.bytes_sent,
-                "active_calls": i.active_calls, "functions": fs,
+                "active_calls": i.active_calls, "functions": fs, "stored_tensors": i.store.tensors,
+                "stored_bytes": i.store.bytes, "store_max_bytes": i.store.max_bytes,
             })
         );
     } else {
@@ -586,6 +617,9 @@ async fn info(a: ConnArgs) -> Result<(), BoxError> {
             "calls: {} ({} failed, {} active); bytes in {} out {}",
             i.calls, i.failures, i.active_calls, i.bytes_received, i.bytes_sent
         );
+        if i.store.max_bytes > 0 {
+            println!("store: {} tensors, {} of {} bytes", i.store.tensors, i.store.bytes, i.store.max_bytes);
+        }
         for f in functions {
             let stats = i.functions.iter().find(|s| s.name == f.name);
             println!(

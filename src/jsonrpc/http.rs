@@ -1,0 +1,236 @@
+//! The HTTP side: a hyper HTTP/1.1 server on the listen address, checks
+//! before a body is read (path, method, token, content type, declared
+//! length), the body read within its limit, and the answers; graceful
+//! shutdown with the rest of the server.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{Value as Json, json};
+use tensorwire_transports::{AcceptError, Connection, Endpoint, ListenError, Listener};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+use super::methods::Caller;
+use super::protocol::{self, Body, RpcError};
+use crate::config::{HTTP_BODY_TIMEOUT, JSONRPC_BATCH_CONCURRENCY, JSONRPC_MAX_BATCH};
+use crate::error::Status;
+use crate::server::state::ServerInner;
+
+/// The path JSON-RPC requests are POSTed to.
+const RPC_PATH: &str = "/rpc";
+
+/// Listens on `http://host:port` and serves JSON-RPC there. The listener
+/// hands no connections to the accept loop: HTTP connections are served
+/// here, and stop when the listener is dropped (new ones) and when the
+/// server shuts down (open ones, after their requests in flight).
+pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Box<dyn Listener>, ListenError> {
+    let io = |source| ListenError::Io { endpoint: ep.to_string(), source };
+    let tcp = TcpListener::bind(ep.authority()).await.map_err(io)?;
+    let local = ep.with_port(tcp.local_addr().map_err(io)?.port());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (done_tx, done) = watch::channel(false);
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        accept(tcp, inner, stopped).await;
+        let _ = done_tx.send(true);
+    });
+    Ok(Box::new(HttpListener { local, _stop: stop, done }))
+}
+
+struct HttpListener {
+    local: Endpoint,
+    /// Dropped with the listener: the accept task then stops and closes the socket.
+    _stop: oneshot::Sender<()>,
+    done: watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl Listener for HttpListener {
+    async fn accept(&mut self) -> Result<Arc<dyn Connection>, AcceptError> {
+        // Connections are served by the accept task; the accept loop just
+        // holds the listener until shutdown drops it.
+        std::future::pending().await
+    }
+
+    fn local_endpoint(&self) -> Endpoint {
+        self.local.clone()
+    }
+
+    fn release(&self) -> Option<BoxFuture<'static, ()>> {
+        let mut done = self.done.clone();
+        Some(Box::pin(async move {
+            let _ = done.wait_for(|d| *d).await;
+        }))
+    }
+}
+
+async fn accept(tcp: TcpListener, inner: Arc<ServerInner>, mut stopped: oneshot::Receiver<()>) {
+    loop {
+        let (stream, addr) = tokio::select! {
+            _ = &mut stopped => return,
+            r = tcp.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::debug!(error = %e, "HTTP connection not accepted");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(inner.clone(), stream, addr));
+    }
+}
+
+async fn serve_connection(inner: Arc<ServerInner>, stream: tokio::net::TcpStream, addr: std::net::SocketAddr) {
+    let peer = addr.to_string();
+    let svc_inner = inner.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let (inner, peer) = (svc_inner.clone(), peer.clone());
+        async move { Ok::<_, Infallible>(handle(inner, peer, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(inner.config.handshake_timeout)
+        .serve_connection(TokioIo::new(stream), svc);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(peer = %addr, error = %e, "HTTP connection ended");
+            }
+        }
+        _ = inner.shutdown.cancelled() => {
+            // Finish the request in flight, then close.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(inner.config.shutdown_grace, conn).await;
+        }
+    }
+}
+
+fn reply(status: StatusCode, body: Json) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// An HTTP-level refusal, with a JSON-RPC error body for clients that read it.
+fn refuse(status: StatusCode, error: RpcError) -> Response<Full<Bytes>> {
+    reply(status, protocol::response(Json::Null, Err(error)))
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+fn is_json(req: &Request<hyper::body::Incoming>) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() != RPC_PATH {
+        return plain(StatusCode::NOT_FOUND, "tensorwire serves JSON-RPC 2.0 at POST /rpc\n");
+    }
+    if req.method() != hyper::Method::POST {
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "JSON-RPC requests are POSTed to /rpc\n");
+        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
+    if inner.config.auth_token.is_some() {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if let Err(s) = inner.auth.check(&peer, given.strip_prefix("Bearer ").unwrap_or("")) {
+            let s = Status::unauthenticated(format!("{} (header Authorization: Bearer <token>)", s.message));
+            let mut r = refuse(StatusCode::UNAUTHORIZED, RpcError::from_status(&s));
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tensorwire\""));
+            return r;
+        }
+    }
+    if !is_json(&req) {
+        return refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            RpcError::invalid_request("Invalid Request: Content-Type must be application/json"),
+        );
+    }
+    let limit = inner.config.max_http_body_bytes;
+    let too_large = |n: Option<u64>| {
+        let size = n.map_or_else(|| "above".to_string(), |n| format!("of {n} bytes is above"));
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            RpcError::invalid_request(format!(
+                "Invalid Request: the body {size} the limit of {limit} bytes (serve --max-http-body-bytes); \
+                 move large tensors with the native protocol"
+            )),
+        )
+    };
+    // Refused by its declared length before a byte of it is read.
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large(declared);
+    }
+    let timeout_ms =
+        req.headers().get("x-timeout-ms").and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok()).unwrap_or(0);
+    let body = Limited::new(req.into_body(), usize::try_from(limit).unwrap_or(usize::MAX));
+    let body = match tokio::time::timeout(HTTP_BODY_TIMEOUT, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(None),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "HTTP body not read");
+            return plain(StatusCode::BAD_REQUEST, "the request body could not be read\n");
+        }
+        Err(_) => return plain(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time\n"),
+    };
+    let caller = Caller { inner, peer, timeout_ms };
+    match protocol::parse(&body, JSONRPC_MAX_BATCH) {
+        Body::Invalid(e) => reply(StatusCode::OK, protocol::response(Json::Null, Err(e))),
+        Body::Single(Err(bad)) => {
+            let (id, e) = *bad;
+            reply(StatusCode::OK, protocol::response(id, Err(e)))
+        }
+        Body::Single(Ok(r)) => match caller.answer(r).await {
+            Some(answer) => reply(StatusCode::OK, answer),
+            None => no_content(),
+        },
+        Body::Batch(entries) => {
+            let caller = &caller;
+            let answers: Vec<Json> = futures_util::stream::iter(entries)
+                .map(|e| async move {
+                    match e {
+                        Ok(r) => caller.answer(r).await,
+                        Err(bad) => {
+                            let (id, e) = *bad;
+                            Some(protocol::response(id, Err(e)))
+                        }
+                    }
+                })
+                .buffered(JSONRPC_BATCH_CONCURRENCY)
+                .filter_map(|a| async move { a })
+                .collect()
+                .await;
+            // A batch of notifications only is answered with nothing.
+            if answers.is_empty() { no_content() } else { reply(StatusCode::OK, json!(answers)) }
+        }
+    }
+}
+
+fn no_content() -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    r
+}
