@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use common::cli::*;
 use common::python::{python, run};
 use common::*;
-use serde_json::Value as Json;
 use tensorwire::builtins::random_tensor;
 use tensorwire::{Client, Code, DType, ServerConfig, StoreService, Tensor};
 
@@ -128,40 +127,6 @@ async fn a_failed_put_changes_nothing_and_the_budget_holds() {
 
 // ---------------------------------------------------------------------------
 // The CLI against real PyTorch.
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tensorwire"))
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let out = bin().args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "tensorwire {args:?} failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
-
-fn last_json(out: &str) -> Json {
-    serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
-}
-
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(url: &str) -> Served {
-    let child = bin().args(["serve", "--listen", url, "--log-level", "warn"]).stdout(Stdio::null()).spawn().unwrap();
-    let start = Instant::now();
-    while !bin().args(["health", "--to", url]).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap().success() {
-        assert!(start.elapsed() < Duration::from_secs(20), "server did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Served(child)
-}
 
 #[test]
 fn cli_moves_whole_state_dicts_that_torch_loads_back() {

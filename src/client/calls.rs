@@ -8,7 +8,7 @@ use tensorwire_codecs::Tensor;
 use tensorwire_proto::v1::{Method, frame_header::Kind};
 use tensorwire_transports::StreamKind;
 
-use super::session::{CallOptions, Client, explain, read_outputs, send_all};
+use super::session::{CallOptions, Client, explain, read_outputs, send_all, send_summary};
 use crate::error::CallError;
 use crate::pipeline::tensors::TensorStream;
 use crate::rpc::call::{FetchRequest, SendSummary};
@@ -33,17 +33,7 @@ impl Client {
                 w.control(Kind::Request(Box::new(self.request(Method::Send, opts, started))));
                 sent.set();
                 let sent_ok = send_all(&mut w, tensors).await;
-                self.count_sent(&w);
-                if let Err(e) = sent_ok {
-                    return Err(explain(e, &mut r).await);
-                }
-                let out = read_outputs(&mut r).await;
-                self.count_received(&r);
-                let (_, reply) = out?;
-                Ok((
-                    SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message },
-                    None,
-                ))
+                Ok((send_summary(self, &mut w, &mut r, sent_ok).await?, None))
             })
         })
         .await

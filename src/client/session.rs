@@ -405,6 +405,24 @@ pub(crate) async fn explain(e: CallError, r: &mut FrameReader) -> CallError {
     }
 }
 
+/// The end of a `send` attempt: counts the bytes, explains a failed send by
+/// the server's reply, and reads the summary.
+pub(crate) async fn send_summary(
+    c: &Client,
+    w: &mut FrameWriter,
+    r: &mut FrameReader,
+    sent: Result<(), CallError>,
+) -> Result<SendSummary, CallError> {
+    c.count_sent(w);
+    if let Err(e) = sent {
+        return Err(explain(e, r).await);
+    }
+    let out = read_outputs(r).await;
+    c.count_received(r);
+    let (_, reply) = out?;
+    Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
+}
+
 /// Reads output tensors until the reply (or error) and the end of the stream.
 pub(crate) async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, v1::Reply), CallError> {
     let mut out = Vec::new();

@@ -6,7 +6,7 @@ use tensorwire_codecs::{CodecKind, Tensor};
 use tensorwire_proto::v1::{Method, frame_header::Kind};
 use tensorwire_transports::StreamKind;
 
-use super::session::{CallOptions, Client, explain, read_outputs};
+use super::session::{CallOptions, Client, send_summary};
 use crate::error::CallError;
 use crate::pipeline::storages::{self, Share};
 use crate::pipeline::tensors::TensorStream;
@@ -89,17 +89,7 @@ impl Client {
                 if sent_ok.is_ok() {
                     sent_ok = w.finish().await;
                 }
-                self.count_sent(&w);
-                if let Err(e) = sent_ok {
-                    return Err(explain(e, &mut r).await);
-                }
-                let out = read_outputs(&mut r).await;
-                self.count_received(&r);
-                let (_, reply) = out?;
-                Ok((
-                    SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message },
-                    None,
-                ))
+                Ok((send_summary(self, &mut w, &mut r, sent_ok).await?, None))
             })
         })
         .await

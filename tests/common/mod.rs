@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod pki;
 pub mod proxy;
 pub mod python;
