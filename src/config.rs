@@ -145,8 +145,8 @@ pub struct Encoding {
     pub checksums: bool,
     /// Send a CRC-32C with every chunk, checked before the chunk is used
     /// (None, the default: on over `tcp://`, whose 16-bit checksum lets
-    /// corruption through; off where TLS or QUIC authenticate the bytes and
-    /// on same-host transports).
+    /// corruption through; off where TLS (`tcps://`, `grpcs://`) or QUIC
+    /// authenticate every record, and on same-host transports).
     pub chunk_checksums: Option<bool>,
 }
 

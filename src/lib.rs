@@ -68,6 +68,7 @@
 //! | URL | transport |
 //! |---|---|
 //! | `tcp://host:port` | TCP, streams multiplexed with per-stream credit |
+//! | `tcps://host:port` | the same over TLS (rustls), certificate options as QUIC |
 //! | `unix:///path/to.sock` (`unix://@name`: abstract) | Unix stream socket, same multiplexer |
 //! | `quic://host:port` | QUIC (quinn + rustls), one QUIC stream per call |
 //! | `grpc://host:port`, `grpcs://…`, `grpc+unix:///path` | gRPC (tonic), `tensorwire.v1.TensorService` |
@@ -79,6 +80,7 @@
 //! | feature | default | what |
 //! |---|---|---|
 //! | `tcp`, `unix` | yes | byte-stream transports |
+//! | `tcps` | yes | `tcps://` (TLS over TCP) |
 //! | `quic` | yes | QUIC transport |
 //! | `grpc` | yes | gRPC transport, compat service, health, reflection |
 //! | `shm` | yes | shared-memory transport |

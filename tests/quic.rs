@@ -1,7 +1,7 @@
-//! QUIC-specific behaviour over real loopback UDP: certificates (self-signed
-//! and pinned, CA-signed, wrong name, wrong CA), mutual TLS, the idle
-//! timeout, a server restart, every congestion controller and striping.
-//! The transport-independent suite runs over QUIC in `pipeline.rs`.
+//! QUIC-specific behaviour over real loopback UDP: the idle timeout, a
+//! server restart, every congestion controller and striping. Certificates
+//! are tested on every TLS transport in `tls.rs`; the transport-independent
+//! suite runs over QUIC in `pipeline.rs`.
 
 mod common;
 
@@ -22,117 +22,14 @@ fn client_config(tls: TlsConfig) -> ClientConfig {
     ClientConfig { transport: TransportConfig { tls, ..TransportConfig::default() }, ..ClientConfig::default() }
 }
 
-fn port_of(url: &str) -> u16 {
-    Endpoint::parse(url).unwrap().port()
-}
-
 async fn works(url: &str, cfg: ClientConfig) {
     let c = Client::connect_with(url, cfg).await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let x = random_tensor(DType::Float32, &[257], 1).unwrap();
     assert_same(&x, &c.compute("identity", vec![x.clone()]).await.unwrap()[0]);
 }
 
-async fn refused(url: &str, cfg: ClientConfig) -> String {
-    match Client::connect_with(url, cfg).await {
-        Ok(c) => match c.health().await {
-            Ok(h) => panic!("{url}: expected a TLS failure, the server answered health={h}"),
-            Err(e) => e.to_string(),
-        },
-        Err(e) => e.to_string(),
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn self_signed_server_is_trusted_by_its_pin_only() {
-    let (server, _d) = start(store_server(ServerConfig::default()), "quic").await;
-    let url = server.url();
-    let pin = Endpoint::parse(&url).unwrap().query("pin-sha256").expect("the URL carries the pin").to_string();
-    assert_eq!(pin.len(), 64);
-    // The URL printed by the server is enough.
-    works(&url, ClientConfig::default()).await;
-    // Without the pin, the self-signed certificate is not trusted, and the
-    // error says why and what to do.
-    let bare = format!("quic://127.0.0.1:{}", port_of(&url));
-    let e = refused(&bare, client_config(TlsConfig { ca_path: Some(_d_ca_absent()), ..Default::default() })).await;
-    assert!(e.contains("cannot read certificates"), "{e}");
-    let dir = tempfile::tempdir().unwrap();
-    let other = pki(dir.path(), "other");
-    let e = refused(&bare, client_config(TlsConfig { ca_path: Some(other.ca), ..Default::default() })).await;
-    assert!(e.contains("UnknownIssuer") && e.contains("--pin-sha256"), "{e}");
-    // The pin as a setting, in upper case with colons, works too.
-    let colons = pin.as_bytes().chunks(2).map(|c| std::str::from_utf8(c).unwrap().to_uppercase()).collect::<Vec<_>>();
-    works(&bare, client_config(TlsConfig { pin_sha256: Some(colons.join(":")), ..Default::default() })).await;
-    // A wrong pin is refused, naming both fingerprints.
-    let wrong = "ab".repeat(32);
-    let e = refused(&bare, client_config(TlsConfig { pin_sha256: Some(wrong.clone()), ..Default::default() })).await;
-    assert!(e.contains("does not match the pinned") && e.contains(&wrong) && e.contains(&pin), "{e}");
-    // The explicit opt-out connects to anyone.
-    works(&bare, client_config(TlsConfig { insecure_skip_verify_dangerous: true, ..Default::default() })).await;
-}
-
-fn _d_ca_absent() -> std::path::PathBuf {
-    std::path::PathBuf::from("/nonexistent/tensorwire-ca.pem")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ca_signed_certificate_is_checked_for_issuer_and_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (pki(dir.path(), "a"), pki(dir.path(), "b"));
-    let tls = TlsConfig {
-        cert_path: Some(a.server_cert.clone()),
-        key_path: Some(a.server_key.clone()),
-        ..Default::default()
-    };
-    let (server, _d) = start(store_server(server_config(tls)), "quic").await;
-    let url = server.url();
-    assert!(!url.contains("pin-sha256"), "a server with its own certificate adds no pin: {url}");
-    let port = port_of(&url);
-    let trust =
-        |ca: &std::path::Path| client_config(TlsConfig { ca_path: Some(ca.to_path_buf()), ..Default::default() });
-    // Right CA, right name (given in the URL, as the host is an address).
-    works(&format!("quic://127.0.0.1:{port}?server-name=localhost"), trust(&a.ca)).await;
-    // The CA in the URL instead of the config.
-    works(&format!("quic://127.0.0.1:{port}?server-name=localhost&ca={}", a.ca.display()), ClientConfig::default())
-        .await;
-    // Another CA: refused as an unknown issuer.
-    let e = refused(&format!("quic://127.0.0.1:{port}?server-name=localhost"), trust(&b.ca)).await;
-    assert!(e.contains("UnknownIssuer") && e.contains("TLS"), "{e}");
-    // Right CA, but the certificate does not name 127.0.0.1.
-    let e = refused(&format!("quic://127.0.0.1:{port}"), trust(&a.ca)).await;
-    assert!(e.contains("not valid for name") && e.contains("server-name"), "{e}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_tls_refuses_clients_without_a_certificate_from_the_ca() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (pki(dir.path(), "a"), pki(dir.path(), "b"));
-    let tls = TlsConfig {
-        cert_path: Some(a.server_cert.clone()),
-        key_path: Some(a.server_key.clone()),
-        ca_path: Some(a.ca.clone()),
-        require_client_cert: true,
-        ..Default::default()
-    };
-    let (server, _d) = start(store_server(server_config(tls)), "quic").await;
-    let url = format!("quic://127.0.0.1:{}?server-name=localhost", port_of(&server.url()));
-    let client = |cert: Option<(&std::path::Path, &std::path::Path)>| {
-        client_config(TlsConfig {
-            ca_path: Some(a.ca.clone()),
-            client_cert_path: cert.map(|c| c.0.to_path_buf()),
-            client_key_path: cert.map(|c| c.1.to_path_buf()),
-            ..Default::default()
-        })
-    };
-    let e = refused(&url, client(None)).await;
-    assert!(e.contains("certificate_required"), "{e}");
-    let e = refused(&url, client(Some((&b.client_cert, &b.client_key)))).await;
-    assert!(e.contains("alert"), "{e}");
-    works(&url, client(Some((&a.client_cert, &a.client_key)))).await;
-    // A server certificate cannot stand in for a client one.
-    let e = refused(&url, client(Some((&a.server_cert, &a.server_key)))).await;
-    assert!(e.contains("alert"), "{e}");
-    // Refusals cost the server nothing: it still serves.
-    works(&url, client(Some((&a.client_cert, &a.client_key)))).await;
+fn port_of(url: &str) -> u16 {
+    Endpoint::parse(url).unwrap().port()
 }
 
 fn quic_transport(idle: Duration, keep_alive: Option<Duration>) -> TransportConfig {

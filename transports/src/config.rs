@@ -131,7 +131,7 @@ impl Default for UcxConfig {
     }
 }
 
-/// TLS for QUIC and `grpcs://`. Safe by default: a client verifies the
+/// TLS for QUIC, `tcps://` and `grpcs://`. Safe by default: a client verifies the
 /// server against the system roots, a CA file, or a pinned certificate
 /// fingerprint; skipping verification is a loudly named opt-in.
 #[derive(Clone, Debug, Default)]

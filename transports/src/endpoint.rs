@@ -1,4 +1,4 @@
-//! Endpoint URLs: `tcp://host:port`, `unix:///path`, `quic://host:port`,
+//! Endpoint URLs: `tcp://host:port`, `tcps://host:port`, `unix:///path`, `quic://host:port`,
 //! `grpc://host:port`, `grpcs://host:port`, `grpc+unix:///path`, `shm://name`,
 //! `ucx://host:port`, `http://host:port`.
 
@@ -12,6 +12,8 @@ use std::str::FromStr;
 pub enum Scheme {
     /// `tcp://host:port`
     Tcp,
+    /// `tcps://host:port`: the same protocol over TLS
+    Tcps,
     /// `unix:///path` (or `unix://@name` for a Linux abstract socket)
     Unix,
     /// `quic://host:port`
@@ -33,8 +35,9 @@ pub enum Scheme {
 
 impl Scheme {
     /// Every scheme.
-    pub const ALL: [Scheme; 9] = [
+    pub const ALL: [Scheme; 10] = [
         Scheme::Tcp,
+        Scheme::Tcps,
         Scheme::Unix,
         Scheme::Quic,
         Scheme::Grpc,
@@ -49,6 +52,7 @@ impl Scheme {
     pub const fn as_str(self) -> &'static str {
         match self {
             Scheme::Tcp => "tcp",
+            Scheme::Tcps => "tcps",
             Scheme::Unix => "unix",
             Scheme::Quic => "quic",
             Scheme::Grpc => "grpc",
@@ -64,6 +68,7 @@ impl Scheme {
     pub const fn feature(self) -> &'static str {
         match self {
             Scheme::Tcp => "tcp",
+            Scheme::Tcps => "tcps",
             Scheme::Unix => "unix",
             Scheme::Quic => "quic",
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => "grpc",
@@ -77,6 +82,7 @@ impl Scheme {
     pub const fn is_enabled(self) -> bool {
         match self {
             Scheme::Tcp => cfg!(feature = "tcp"),
+            Scheme::Tcps => cfg!(feature = "tcps"),
             Scheme::Unix => cfg!(feature = "unix"),
             Scheme::Quic => cfg!(feature = "quic"),
             Scheme::Grpc | Scheme::Grpcs | Scheme::GrpcUnix => cfg!(feature = "grpc"),

@@ -43,6 +43,8 @@ pub mod shm;
 mod sync;
 #[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(feature = "tcps")]
+pub mod tcps;
 #[cfg(feature = "tls")]
 pub mod tls;
 #[cfg(feature = "ucx")]
@@ -561,6 +563,8 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
         match scheme {
             #[cfg(feature = "tcp")]
             Scheme::Tcp => tcp::connect(endpoint, config).await,
+            #[cfg(feature = "tcps")]
+            Scheme::Tcps => tcps::connect(endpoint, config).await,
             #[cfg(feature = "unix")]
             Scheme::Unix => unix::connect(endpoint, config).await,
             #[cfg(feature = "quic")]
@@ -574,7 +578,7 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
             Scheme::Http => Err(ConnectError::Config {
                 endpoint: endpoint.to_string(),
                 reason: "http:// serves JSON-RPC to HTTP clients (POST /rpc); tensorwire clients connect with \
-                         tcp://, unix://, quic://, grpc:// or shm://"
+                         tcp://, tcps://, unix://, quic://, grpc:// or shm://"
                     .into(),
             }),
             #[allow(unreachable_patterns)]
@@ -593,6 +597,8 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
     match scheme {
         #[cfg(feature = "tcp")]
         Scheme::Tcp => tcp::listen(endpoint, config).await,
+        #[cfg(feature = "tcps")]
+        Scheme::Tcps => tcps::listen(endpoint, config).await,
         #[cfg(feature = "unix")]
         Scheme::Unix => unix::listen(endpoint, config).await,
         #[cfg(feature = "quic")]

@@ -10,7 +10,8 @@ use crate::listener::{AcceptTx, QueueListener, RawAccept, establish_error, hands
 use crate::mux::{self, Role, SocketInfo};
 use crate::{ConnectError, Connection, Endpoint, ListenError, Listener, TransportConfig};
 
-fn tune(s: &TcpStream, config: &TransportConfig) {
+/// TCP_NODELAY, socket buffers and keep-alive as `config` says (also for `tcps://`).
+pub(crate) fn tune(s: &TcpStream, config: &TransportConfig) {
     let _ = s.set_nodelay(true);
     let sock = SockRef::from(s);
     if let Some(n) = config.socket_buffer {

@@ -255,6 +255,8 @@ pub fn hint(reason: &str) -> &'static str {
         "; the certificate does not name the host in the URL: connect by a name it carries or set --server-name / TlsConfig::server_name"
     } else if reason.contains("Expired") || reason.contains("NotValidYet") {
         "; check the certificate's validity dates and the clocks"
+    } else if reason.contains("CertificateRequired") || reason.contains("certificate_required") {
+        "; the server requires a client certificate (mutual TLS): give --client-cert and --client-key (TlsConfig::client_cert_path/client_key_path) signed by a CA the server trusts"
     } else if reason.contains("does not match the pinned") {
         "; the server presents a different certificate than the pinned one (restarted with a new self-signed certificate?)"
     } else {

@@ -366,7 +366,7 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
     if config.auth_token.is_some() {
         for url in &a.listen {
             if let Some(why) = plaintext_beyond_loopback(url) {
-                eprintln!("warning: --auth-token on {url}: {why}; use quic:// or grpcs:// beyond this host");
+                eprintln!("warning: --auth-token on {url}: {why}; use tcps://, quic:// or grpcs:// beyond this host");
             }
         }
     }

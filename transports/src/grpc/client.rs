@@ -35,7 +35,8 @@ pub struct GrpcChannel {
     send: SendRequest<RequestBody>,
     origin: Uri,
     peer: Arc<str>,
-    closed: watch::Receiver<bool>,
+    /// Why the HTTP/2 connection ended (None while it is open).
+    closed: watch::Receiver<Option<Arc<str>>>,
     driver: Arc<AbortOnDrop>,
 }
 
@@ -66,13 +67,19 @@ impl GrpcChannel {
 
     /// True once the HTTP/2 connection is gone.
     pub fn is_closed(&self) -> bool {
-        *self.closed.borrow() || self.send.is_closed()
+        self.closed.borrow().is_some() || self.send.is_closed()
+    }
+
+    /// Why the HTTP/2 connection ended (a TLS alert, the peer's GOAWAY, a
+    /// broken socket), once it has.
+    pub fn end_reason(&self) -> Option<Arc<str>> {
+        self.closed.borrow().clone()
     }
 
     /// Resolves when the HTTP/2 connection ends.
     pub async fn closed(&self) {
         let mut rx = self.closed.clone();
-        let _ = rx.wait_for(|c| *c).await;
+        let _ = rx.wait_for(|c| c.is_some()).await;
     }
 
     /// Closes the connection at once (calls in flight fail).
@@ -204,13 +211,20 @@ where
         endpoint: ep.to_string(),
         reason: format!("HTTP/2 handshake failed: {e}"),
     })?;
-    let (closed_tx, closed) = watch::channel(false);
+    let (closed_tx, closed) = watch::channel(None);
     let peer_log = peer.clone();
     let driver = tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(peer = %peer_log, error = %e, "gRPC connection ended");
-        }
-        let _ = closed_tx.send(true);
+        let why: Arc<str> = match conn.await {
+            Err(e) => {
+                tracing::debug!(peer = %peer_log, error = %e, "gRPC connection ended");
+                // hyper's error names the layer; its source (a TLS alert,
+                // an I/O error) is the cause worth reporting.
+                let cause = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
+                Arc::from(format!("the HTTP/2 connection failed: {e}{cause}").as_str())
+            }
+            Ok(()) => Arc::from("the HTTP/2 connection is closed"),
+        };
+        let _ = closed_tx.send(Some(why));
     });
     let origin = origin
         .parse::<Uri>()
@@ -245,10 +259,9 @@ struct ClientConn {
 impl Connection for ClientConn {
     async fn open(&self, kind: StreamKind) -> Result<Halves, StreamError> {
         if self.chan.is_closed() {
-            return Err(StreamError::ConnectionClosed {
-                peer: self.info.peer.clone(),
-                reason: "the HTTP/2 connection is closed".into(),
-            });
+            let reason =
+                self.chan.end_reason().map_or_else(|| "the HTTP/2 connection is closed".into(), |r| r.to_string());
+            return Err(StreamError::ConnectionClosed { peer: self.info.peer.clone(), reason });
         }
         let id = next_id();
         let peer: Arc<str> = Arc::from(self.info.peer.as_str());
@@ -288,10 +301,8 @@ impl Connection for ClientConn {
     async fn accept(&self) -> Result<Incoming, StreamError> {
         // gRPC servers never open calls to their clients.
         self.chan.closed().await;
-        Err(StreamError::ConnectionClosed {
-            peer: self.info.peer.clone(),
-            reason: "the HTTP/2 connection closed".into(),
-        })
+        let reason = self.chan.end_reason().map_or_else(|| "the HTTP/2 connection closed".into(), |r| r.to_string());
+        Err(StreamError::ConnectionClosed { peer: self.info.peer.clone(), reason })
     }
 
     fn info(&self) -> ConnectionInfo {

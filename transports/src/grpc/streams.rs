@@ -45,11 +45,14 @@ fn reset_status(code: u32) -> Status {
 pub(crate) fn status_error(peer: &str, stream: u64, s: &Status) -> StreamError {
     let peer = peer.to_string();
     match s.code() {
-        Code::Cancelled => {
+        Code::Cancelled if s.message().starts_with("stream reset by the sender") => {
             let code =
                 s.message().rsplit_once("(code ").and_then(|(_, c)| c.trim_end_matches(')').parse().ok()).unwrap_or(0);
             StreamError::Reset { peer, stream, code }
         }
+        // Not our reset: hyper's reason (a TLS alert, a broken connection)
+        // is the cause to report.
+        Code::Cancelled => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::Unavailable => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::ResourceExhausted => {
             StreamError::Protocol { peer, reason: format!("message over the size limit: {}", s.message()) }
