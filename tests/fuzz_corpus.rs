@@ -15,6 +15,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("reassembly", tensorwire::fuzzing::reassembly),
     ("compat_chunks", tensorwire::fuzzing::compat_chunks),
     ("jsonrpc", tensorwire::fuzzing::jsonrpc),
+    ("shm_side_channel", tensorwire::fuzzing::shm_side_channel),
+    ("handshake", tensorwire::fuzzing::handshake),
 ];
 
 fn corpus(name: &str) -> std::path::PathBuf {
@@ -131,4 +133,81 @@ fn write_seed_corpus() {
         seq.extend_from_slice(&[9; 4]);
     }
     put("reassembly", "two_chunks", &seq);
+
+    // shm_side_channel: records of tag + fields (see transports/src/shm/fuzz.rs).
+    let msg = |id: u64, op: u64| [id.to_le_bytes(), op.to_le_bytes()].concat();
+    let mut side = Vec::new();
+    let new_segment = |side: &mut Vec<u8>, id: u64, kind: u8, size_64: u16| {
+        side.push(0);
+        side.extend_from_slice(&msg(id, 1));
+        side.push(kind);
+        side.extend_from_slice(&size_64.to_le_bytes());
+    };
+    new_segment(&mut side, 1, 1, 16); // a sealed 1 KiB segment
+    side.push(1); // a frame naming 1000 of its bytes, then 2000 (refused)
+    side.push(1);
+    side.extend_from_slice(&1000u32.to_le_bytes());
+    side.push(1);
+    side.push(1);
+    side.extend_from_slice(&2000u32.to_le_bytes());
+    let shm_chunk = v1::Chunk {
+        tensor_id: 1,
+        last: true,
+        total_bytes: 512,
+        raw_len: 512,
+        shm_segment: 1,
+        compression: v1::Compression::None as i32,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    side.push(2);
+    side.push(shm_chunk.len() as u8);
+    side.push(0);
+    side.extend_from_slice(&shm_chunk);
+    for op in [2u64, 3, 4] {
+        side.push(0);
+        side.extend_from_slice(&msg(1, op));
+        side.extend_from_slice(&[0, 0, 0]);
+    }
+    put("shm_side_channel", "new_view_taken_released_forget", &side);
+    let mut refused = Vec::new();
+    new_segment(&mut refused, 2, 2, 16); // unsealed: refused
+    put("shm_side_channel", "unsealed_segment", &refused);
+    let mut oversized = Vec::new();
+    new_segment(&mut oversized, 3, 1, u16::MAX); // 4 MiB > the 1 MiB limit
+    put("shm_side_channel", "oversized_segment", &oversized);
+    let mut pipe = Vec::new();
+    new_segment(&mut pipe, 4, 3, 1); // a pipe, not a memfd
+    put("shm_side_channel", "pipe_descriptor", &pipe);
+
+    // handshake: side byte, mux preface, Hello or Welcome frame header.
+    let mut preface = BytesMut::new();
+    frame::Preface { version: frame::MUX_VERSION, stream_window: 8 << 20, max_frame_payload: 1 << 20 }
+        .encode(&mut preface);
+    let limits = v1::Limits { max_tensor_bytes: 1 << 30, max_chunk_bytes: 1 << 20, ..Default::default() };
+    let hello = FrameHeader::new(Kind::Hello(Box::new(v1::Hello {
+        version: 1,
+        codecs: vec![v1::Codec::Raw as i32, v1::Codec::Torch as i32],
+        compressions: vec![v1::Compression::Lz4 as i32],
+        chunk_size: 1 << 20,
+        limits: Some(limits),
+        auth_token: "secret".into(),
+        agent: "seed".into(),
+        host_id: "host".into(),
+    })));
+    let welcome = FrameHeader::new(Kind::Welcome(Box::new(v1::Welcome {
+        version: 1,
+        codecs: vec![v1::Codec::Raw as i32],
+        compressions: vec![v1::Compression::Zstd as i32],
+        chunk_size: 1 << 20,
+        limits: Some(limits),
+        agent: "seed".into(),
+        ..Default::default()
+    })));
+    for (name, side, h) in [("hello", 0u8, hello), ("welcome", 1, welcome)] {
+        let mut seed = vec![side];
+        seed.extend_from_slice(&preface);
+        seed.extend_from_slice(&h.encode_to_vec());
+        put("handshake", name, &seed);
+    }
 }

@@ -31,11 +31,14 @@ echo "== Rust tests (workspace; feature fuzzing replays the fuzz corpus)"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --features fuzzing --no-fail-fast "$@"
   cargo test --workspace --doc --quiet
+  echo "== 500 concurrent clients on each of tcp, tcps, unix, quic, grpc (ignored by default: slow)"
+  cargo nextest run --features fuzzing --test concurrency --run-ignored only --no-fail-fast --test-threads 1
   echo "== GPU code (feature cuda): builds everywhere; tests skip with a reason where there is no CUDA"
   cargo nextest run -p tensorwire --features cuda --lib --no-fail-fast -E 'test(cuda::) | test(pipeline::)'
   cargo build --features cuda --example gpu_bench
 else
   cargo test --workspace --features fuzzing "$@"
+  cargo test --features fuzzing --test concurrency -- --ignored --test-threads 1
 fi
 
 echo "== Python package (python/): clippy, build into $venv, pytest tests/python/"

@@ -205,17 +205,7 @@ impl Client {
             Ok(Ok(_)) => return Err(proto("expected a welcome frame".into())),
             Ok(Err(e)) => return Err(proto(e.to_string())),
         };
-        if welcome.version != PROTOCOL_VERSION {
-            return Err(proto(format!(
-                "the server speaks protocol version {}, this client {PROTOCOL_VERSION}",
-                welcome.version
-            )));
-        }
-        let caps = Arc::new(PeerCaps {
-            limits: welcome.limits,
-            codecs: Some(welcome.codecs.clone()),
-            compressions: Some(welcome.compressions.clone()),
-        });
+        let caps = Arc::new(accept_welcome(&welcome).map_err(proto)?);
         Ok(ClientSession { conn, info, caps, welcome, link: Arc::new(LinkEstimator::default()) })
     }
 
@@ -442,4 +432,13 @@ pub(crate) async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, v1
             Item::End => return Err(r.protocol("the server ended the call without a reply")),
         }
     }
+}
+
+/// Checks a server's Welcome: its protocol version, then what it announces
+/// (limits, codecs, compressions) as this connection's view of the peer.
+pub(crate) fn accept_welcome(welcome: &v1::Welcome) -> Result<PeerCaps, String> {
+    if welcome.version != PROTOCOL_VERSION {
+        return Err(format!("the server speaks protocol version {}, this client {PROTOCOL_VERSION}", welcome.version));
+    }
+    Ok(PeerCaps::announced(welcome.limits, &welcome.codecs, &welcome.compressions))
 }

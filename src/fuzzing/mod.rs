@@ -197,3 +197,45 @@ pub fn jsonrpc(data: &[u8]) {
         }
     }
 }
+
+/// The shared-memory side channel (messages with real memfds and other
+/// descriptors attached, frames naming segments): see
+/// `tensorwire_transports::shm::fuzz`.
+pub fn shm_side_channel(data: &[u8]) {
+    tensorwire_transports::shm::fuzz::side_channel(data);
+}
+
+/// The connection handshake as a peer shapes it: the first byte picks the
+/// side; then the mux preface (16 bytes) and a frame header carrying the
+/// Hello (checked as the server checks it) or the Welcome (as the client
+/// does), and the decisions later calls make from what the peer announced.
+pub fn handshake(data: &[u8]) {
+    use tensorwire_codecs::{CodecKind, available_codecs};
+    use tensorwire_transports::mux::frame::{PREFACE_LEN, Preface};
+
+    let [side, rest @ ..] = data else { return };
+    let (pre, rest) = rest.split_at(PREFACE_LEN.min(rest.len()));
+    if let Ok(pre) = <&[u8; PREFACE_LEN]>::try_from(pre)
+        && let Ok(p) = Preface::decode(pre)
+    {
+        assert!(p.stream_window >= 4096 && p.max_frame_payload >= 4096);
+    }
+    let Ok(h) = FrameHeader::decode(rest) else { return };
+    let caps = match (side & 1, h.kind) {
+        (0, Some(Kind::Hello(hello))) => crate::server::dispatch::accept_hello(&hello).ok(),
+        (_, Some(Kind::Welcome(w))) => crate::client::session::accept_welcome(&w).ok(),
+        _ => None,
+    };
+    let Some(caps) = caps else { return };
+    let mut codecs = available_codecs();
+    codecs.push(CodecKind::Raw);
+    for c in codecs {
+        let _ = caps.check_codec(c);
+    }
+    for c in Compression::available() {
+        let _ = caps.accepts(c);
+    }
+    for total in [0, 1, 1 << 20, u64::MAX] {
+        let _ = caps.check_tensor_bytes(total);
+    }
+}

@@ -14,7 +14,7 @@ use tensorwire_transports::{Frame, FrameHeader, SendStream};
 use super::chunk::Chunker;
 use super::link::{LinkEstimator, SharedCaps};
 use super::storages::Share;
-use super::wire::{codec_to_wire, compression_to_wire, info_to_wire};
+use super::wire::{compression_to_wire, info_to_wire};
 use crate::config::{
     AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
 };
@@ -113,23 +113,6 @@ impl FrameWriter {
         Ok(self.send.send_batch(frames, fin).await?)
     }
 
-    fn check_codec(&self, codec: CodecKind) -> Result<(), CallError> {
-        if let Some(accepted) = &self.caps.codecs
-            && !accepted.is_empty()
-            && !accepted.contains(&(codec_to_wire(codec) as i32))
-        {
-            return Err(CallError::Unsupported(format!("the peer does not accept the {codec} codec")));
-        }
-        Ok(())
-    }
-
-    fn peer_accepts(&self, c: Compression) -> bool {
-        match &self.caps.compressions {
-            Some(list) if !list.is_empty() => list.contains(&(compression_to_wire(c) as i32)),
-            _ => c.is_available(),
-        }
-    }
-
     /// Encodes, chunks, compresses and sends one tensor; returns payload
     /// bytes sent. With `hold_last`, a small final chunk waits to leave with
     /// whatever is sent next (the caller sends or finishes right after).
@@ -141,7 +124,7 @@ impl FrameWriter {
             )));
         }
         let codec_kind = self.encoding.codec;
-        self.check_codec(codec_kind)?;
+        self.caps.check_codec(codec_kind)?;
         let codec = tensorwire_codecs::codec(codec_kind).map_err(|e| CallError::Unsupported(e.to_string()))?;
         let encoded = codec.encode(t)?;
         self.send_encoded(encoded, codec_kind, t.dtype().itemsize(), 0, hold_last).await
@@ -157,7 +140,7 @@ impl FrameWriter {
             Share::First(id) => (id, true),
             Share::Again(id) => (id, false),
         };
-        self.check_codec(CodecKind::Raw)?;
+        self.caps.check_codec(CodecKind::Raw)?;
         let storage = t.host_storage().map_err(tensorwire_codecs::EncodeError::from)?;
         let item = t.dtype().itemsize();
         let mut info = TensorInfo::of(t);
@@ -176,7 +159,7 @@ impl FrameWriter {
         hold_last: bool,
     ) -> Result<u64, CallError> {
         let total = encoded.len();
-        self.check_peer_limit(total)?;
+        self.caps.check_tensor_bytes(total)?;
         let mut info = info_to_wire(&encoded.info, codec_kind);
         info.storage_id = storage_id;
         let crc =
@@ -222,18 +205,6 @@ impl FrameWriter {
         Ok(total)
     }
 
-    /// Fails when a tensor of `total` bytes exceeds the peer's announced limit.
-    fn check_peer_limit(&self, total: u64) -> Result<(), CallError> {
-        match &self.caps.limits {
-            Some(l) if l.max_tensor_bytes > 0 && total > l.max_tensor_bytes => Err(CallError::Limit {
-                what: "tensor (the peer's max_tensor_bytes)",
-                size: total,
-                limit: l.max_tensor_bytes,
-            }),
-            _ => Ok(()),
-        }
-    }
-
     /// Payload bytes per chunk: the configured chunk size, within the
     /// peer's largest frame (kept a multiple of 64).
     fn chunk_size(&self) -> usize {
@@ -254,7 +225,7 @@ impl FrameWriter {
         total: u64,
         pieces: &mut tokio::sync::mpsc::Receiver<Result<Bytes, CallError>>,
     ) -> Result<u64, CallError> {
-        self.check_peer_limit(total)?;
+        self.caps.check_tensor_bytes(total)?;
         let chunk_size = self.chunk_size();
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
@@ -313,7 +284,7 @@ impl FrameWriter {
     fn choose_compression(&mut self, segments: &[Bytes], itemsize: usize) -> (Compression, u32) {
         match self.encoding.compression {
             CompressionMode::Fixed(c) => {
-                if c == Compression::None || !self.peer_accepts(c) {
+                if c == Compression::None || !self.caps.accepts(c) {
                     return (Compression::None, 0);
                 }
                 (c, if self.encoding.shuffle && itemsize > 1 { itemsize as u32 } else { 0 })
@@ -328,7 +299,7 @@ impl FrameWriter {
                 let Some(sample) = segments.iter().max_by_key(|s| s.len()) else { return (Compression::None, 0) };
                 let sample = &sample[..sample.len().min(AUTO_COMPRESS_SAMPLE_BYTES)];
                 let choice = choose_auto(&mut self.compressor, sample, itemsize, bw);
-                if self.peer_accepts(choice.compression) {
+                if self.caps.accepts(choice.compression) {
                     (choice.compression, choice.shuffle)
                 } else {
                     (Compression::None, 0)

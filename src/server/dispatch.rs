@@ -137,28 +137,33 @@ async fn fail(writer: &mut FrameWriter, status: Status) {
     let _ = writer.control_last(Kind::Error(status.to_wire())).await;
 }
 
-async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer: &mut FrameWriter) {
+/// Checks a client's Hello: its protocol version, then what it announces
+/// (limits, codecs, compressions) as this session's view of the peer.
+pub(crate) fn accept_hello(hello: &v1::Hello) -> Result<PeerCaps, Status> {
     if hello.version != PROTOCOL_VERSION {
-        let s = Status::new(
+        return Err(Status::new(
             Code::UnsupportedVersion,
             format!(
                 "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
                 hello.version
             ),
-        );
-        return fail(writer, s).await;
+        ));
     }
+    Ok(PeerCaps::announced(hello.limits, &hello.codecs, &hello.compressions))
+}
+
+async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer: &mut FrameWriter) {
+    let caps = match accept_hello(&hello) {
+        Ok(c) => c,
+        Err(s) => return fail(writer, s).await,
+    };
     if let Err(s) = inner.auth.check(&sess.info.peer, &hello.auth_token) {
         return fail(writer, s).await;
     }
     // A stateless session is shared by every client: one client's
     // capabilities must not become everyone's.
     if !sess.info.stateless {
-        *lock(&sess.caps) = std::sync::Arc::new(PeerCaps {
-            limits: hello.limits,
-            codecs: Some(hello.codecs.clone()),
-            compressions: Some(hello.compressions.clone()),
-        });
+        *lock(&sess.caps) = std::sync::Arc::new(caps);
         sess.handshaken.store(true, Ordering::Release);
     }
     let welcome = v1::Welcome {

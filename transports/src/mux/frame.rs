@@ -20,6 +20,10 @@ pub const MAGIC: [u8; 4] = *b"TWMX";
 pub const MUX_VERSION: u16 = 1;
 /// Length of the preface.
 pub const PREFACE_LEN: usize = 16;
+/// The smallest stream window and largest-frame size a preface may
+/// announce: below it a peer would make the other side cut tensors into
+/// byte-sized frames (a denial of service on itself, paid by us).
+pub const MIN_PREFACE_VALUE: u32 = 4096;
 /// Length of a frame head.
 pub const HEAD_LEN: usize = 16;
 /// DATA flag: last frame of this direction.
@@ -99,6 +103,14 @@ pub enum FrameError {
     /// The peer speaks another mux version.
     #[error("unsupported mux version {0} (this side speaks {MUX_VERSION})")]
     Version(u16),
+    /// The preface announces a window or frame size below [`MIN_PREFACE_VALUE`].
+    #[error("the peer announces a {what} of {value} bytes, below the minimum of {MIN_PREFACE_VALUE}")]
+    PrefaceTooSmall {
+        /// `"stream window"` or `"largest frame payload"`.
+        what: &'static str,
+        /// The announced value.
+        value: u32,
+    },
     /// Unknown frame type.
     #[error("unknown frame type {0}")]
     UnknownKind(u8),
@@ -136,7 +148,8 @@ impl Preface {
         out.put_u32_le(self.max_frame_payload);
     }
 
-    /// Parses a preface; fails on bad magic or version.
+    /// Parses a preface; fails on bad magic or version, or a window or frame
+    /// size below [`MIN_PREFACE_VALUE`].
     pub fn decode(b: &[u8; PREFACE_LEN]) -> Result<Preface, FrameError> {
         let mut s = &b[..];
         let mut magic = [0u8; 4];
@@ -149,6 +162,12 @@ impl Preface {
         let p = Preface { version, stream_window: s.get_u32_le(), max_frame_payload: s.get_u32_le() };
         if version != MUX_VERSION {
             return Err(FrameError::Version(version));
+        }
+        if p.stream_window < MIN_PREFACE_VALUE {
+            return Err(FrameError::PrefaceTooSmall { what: "stream window", value: p.stream_window });
+        }
+        if p.max_frame_payload < MIN_PREFACE_VALUE {
+            return Err(FrameError::PrefaceTooSmall { what: "largest frame payload", value: p.max_frame_payload });
         }
         Ok(p)
     }
@@ -546,13 +565,20 @@ mod tests {
     #[test]
     fn preface() {
         let mut b = BytesMut::new();
-        Preface { version: MUX_VERSION, stream_window: 123, max_frame_payload: 456 }.encode(&mut b);
+        Preface { version: MUX_VERSION, stream_window: 12345, max_frame_payload: 4567 }.encode(&mut b);
         let arr: [u8; PREFACE_LEN] = b[..].try_into().unwrap();
-        assert_eq!(Preface::decode(&arr).unwrap().stream_window, 123);
+        assert_eq!(Preface::decode(&arr).unwrap().stream_window, 12345);
         let mut bad = arr;
         bad[4] = 9;
         assert_eq!(Preface::decode(&bad).unwrap_err(), FrameError::Version(9));
         assert!(matches!(Preface::decode(b"GET / HTTP/1.1\r\n"), Err(FrameError::BadMagic(_))));
+        // A peer asking for byte-sized frames or windows is refused.
+        for (w, p, what) in [(1, 1 << 20, "stream window"), (1 << 20, 63, "largest frame payload")] {
+            let mut b = BytesMut::new();
+            Preface { version: MUX_VERSION, stream_window: w, max_frame_payload: p }.encode(&mut b);
+            let e = Preface::decode(&b[..].try_into().unwrap()).unwrap_err();
+            assert!(matches!(e, FrameError::PrefaceTooSmall { what: got, .. } if got == what), "{e}");
+        }
     }
 
     proptest! {

@@ -37,6 +37,8 @@
 //! mappings and the side channel. `segment` imports nothing from this file
 //! (only `crate::` types), so the dependency goes one way.
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 pub(crate) mod segment;
 
 use std::collections::HashMap;
@@ -53,7 +55,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use self::segment::{
-    MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, op, recv_with_fd, send_with_fd, seqpacket_pair,
+    MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fd, send_with_fd, seqpacket_pair,
 };
 use crate::config::ShmConfig;
 use crate::sync::lock;
@@ -189,7 +191,7 @@ impl Shared {
         self.expire_stale();
         let forget = std::mem::take(&mut *lock(&self.forget));
         for id in forget {
-            self.side.send(id, op::FORGET, None).await?;
+            self.side.send(SideMsg::Forget(id), None).await?;
         }
         let units = u32::try_from(n.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.budget_units);
         let permit = loop {
@@ -228,7 +230,7 @@ impl Shared {
             pool.drain(..k).map(|(id, _)| id).collect::<Vec<_>>()
         };
         for id in &evicted {
-            self.side.send(*id, op::FORGET, None).await?;
+            self.side.send(SideMsg::Forget(*id), None).await?;
         }
         let live = lock(&self.pool).len() + lock(&self.lent).len() + self.filling.load(Ordering::Acquire);
         if live + 1 >= MAX_SEGMENTS {
@@ -236,7 +238,7 @@ impl Shared {
         }
         let seg = SegmentWriter::new(segment_size(n) as usize)?;
         let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
-        self.side.send(id, op::NEW, Some(seg.fd())).await?;
+        self.side.send(SideMsg::New(id), Some(seg.fd())).await?;
         Ok(Some((id, seg, permit)))
     }
 
@@ -519,6 +521,22 @@ impl Drop for ShmSend {
     }
 }
 
+/// The segment and byte count a chunk frame names (None: an ordinary chunk
+/// whose bytes came with the frame), checked: a shared-memory frame carries
+/// a whole uncompressed tensor and no payload of its own.
+pub(crate) fn segment_claim(c: &v1::Chunk, payload_len: usize) -> Result<Option<(u64, u64)>, String> {
+    if c.shm_segment == 0 {
+        return Ok(None);
+    }
+    if payload_len != 0 || !c.last || c.offset != 0 || c.compression != v1::Compression::None as i32 {
+        return Err("a shared-memory frame must carry a whole uncompressed tensor and no payload".into());
+    }
+    if c.raw_len != c.total_bytes {
+        return Err(format!("a shared-memory frame declares {} bytes of a {}-byte tensor", c.raw_len, c.total_bytes));
+    }
+    Ok(Some((c.shm_segment, c.raw_len)))
+}
+
 struct ShmRecv {
     inner: Box<dyn RecvStream>,
     shared: Arc<Shared>,
@@ -529,20 +547,8 @@ impl RecvStream for ShmRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
         let Some(mut r) = self.inner.recv().await? else { return Ok(None) };
         let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(Some(r)) };
-        if c.shm_segment == 0 {
-            return Ok(Some(r));
-        }
         let protocol = |reason: String| StreamError::Protocol { peer: self.shared.peer.clone(), reason };
-        if !r.payload.is_empty() || !c.last || c.offset != 0 || c.compression != v1::Compression::None as i32 {
-            return Err(protocol("a shared-memory frame must carry a whole uncompressed tensor and no payload".into()));
-        }
-        if c.raw_len != c.total_bytes {
-            return Err(protocol(format!(
-                "a shared-memory frame declares {} bytes of a {}-byte tensor",
-                c.raw_len, c.total_bytes
-            )));
-        }
-        let (id, len) = (c.shm_segment, c.raw_len);
+        let Some((id, len)) = segment_claim(c, r.payload.len()).map_err(protocol)? else { return Ok(Some(r)) };
         let bytes: Bytes = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await.map_err(protocol)?;
         r.payload = Payload::Bytes(bytes);
         Ok(Some(r))

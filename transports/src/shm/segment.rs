@@ -66,6 +66,116 @@ pub(crate) mod op {
     pub const FORGET: u64 = 4;
 }
 
+/// One side-channel message: 16 bytes (segment id, operation, both
+/// little-endian u64); `New` comes with the segment's descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SideMsg {
+    /// [`op::NEW`]: a new segment of the writer (descriptor attached).
+    New(u64),
+    /// [`op::TAKEN`]: the reader viewed one of our segments.
+    Taken(u64),
+    /// [`op::RELEASED`]: the reader dropped every view of one of our segments.
+    Released(u64),
+    /// [`op::FORGET`]: the writer will not use the segment again.
+    Forget(u64),
+}
+
+impl SideMsg {
+    /// The 16 bytes on the wire.
+    pub(crate) fn encode(self) -> [u8; 16] {
+        let (id, operation) = match self {
+            SideMsg::New(id) => (id, op::NEW),
+            SideMsg::Taken(id) => (id, op::TAKEN),
+            SideMsg::Released(id) => (id, op::RELEASED),
+            SideMsg::Forget(id) => (id, op::FORGET),
+        };
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&id.to_le_bytes());
+        msg[8..].copy_from_slice(&operation.to_le_bytes());
+        msg
+    }
+
+    /// Parses a message; `has_fd` says whether a descriptor came with it
+    /// (only `New` may carry one, and it must).
+    pub(crate) fn decode(msg: &[u8], has_fd: bool) -> Result<SideMsg, String> {
+        let Ok(msg) = <&[u8; 16]>::try_from(msg) else {
+            return Err(format!("malformed side-channel message of {} bytes (expected 16)", msg.len()));
+        };
+        let (id, operation) = msg.split_at(8);
+        let id = u64::from_le_bytes(id.try_into().unwrap_or_default());
+        let operation = u64::from_le_bytes(operation.try_into().unwrap_or_default());
+        match (operation, has_fd) {
+            (op::NEW, true) => Ok(SideMsg::New(id)),
+            (op::TAKEN, false) => Ok(SideMsg::Taken(id)),
+            (op::RELEASED, false) => Ok(SideMsg::Released(id)),
+            (op::FORGET, false) => Ok(SideMsg::Forget(id)),
+            (op::NEW, false) => Err(format!("segment {id} announced without its descriptor")),
+            (_, true) => Err(format!("a descriptor came with side-channel operation {operation}")),
+            _ => Err(format!("unexpected side-channel operation {operation}")),
+        }
+    }
+}
+
+/// The peer's segments mapped on one connection (sans-IO: what the side
+/// channel's reader applies messages to and frames are checked against).
+pub(crate) struct PeerSegments {
+    map: HashMap<u64, Arc<PeerSegment>>,
+    max_segment: u64,
+}
+
+impl PeerSegments {
+    /// No segments yet; none larger than `max_segment` bytes will be mapped.
+    pub(crate) fn new(max_segment: u64) -> Self {
+        Self { map: HashMap::new(), max_segment }
+    }
+
+    /// Applies one message (`fd`: the descriptor that came with it).
+    /// Reports our own segments' fate to `owner`; returns true when a peer
+    /// segment arrived. An error ends the side channel.
+    pub(crate) fn apply(&mut self, owner: &dyn Owner, msg: &[u8], fd: Option<OwnedFd>) -> Result<bool, String> {
+        match SideMsg::decode(msg, fd.is_some())? {
+            SideMsg::New(id) => {
+                let Some(fd) = fd else { return Err(format!("segment {id} announced without its descriptor")) };
+                let seg = PeerSegment::map(&fd, self.max_segment).map_err(|e| format!("segment {id} refused: {e}"))?;
+                if self.map.len() >= MAX_SEGMENTS && !self.map.contains_key(&id) {
+                    return Err(format!("more than {MAX_SEGMENTS} segments passed at once"));
+                }
+                self.map.insert(id, Arc::new(seg));
+                return Ok(true);
+            }
+            SideMsg::Taken(id) => owner.taken(id),
+            SideMsg::Released(id) => owner.released(id),
+            SideMsg::Forget(id) => {
+                self.map.remove(&id);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The segment a frame names for `len` bytes: None while it has not
+    /// arrived; an error when the frame claims more than the segment holds.
+    pub(crate) fn lookup(&self, id: u64, len: u64) -> Result<Option<Arc<PeerSegment>>, String> {
+        match self.map.get(&id) {
+            Some(seg) if len > seg.len() as u64 => {
+                Err(format!("frame claims {len} bytes of the {}-byte segment {id}", seg.len()))
+            }
+            Some(seg) => Ok(Some(seg.clone())),
+            None => Ok(None),
+        }
+    }
+
+    /// Unmaps every segment (the side channel ended).
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    /// Segments mapped now.
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
@@ -362,12 +472,11 @@ impl Drop for View {
 /// budget and segments back (see [`op`]).
 pub(crate) struct SideChannel {
     sock: AsyncFd<OwnedFd>,
-    peer_segments: Mutex<HashMap<u64, Arc<PeerSegment>>>,
+    peer_segments: Mutex<PeerSegments>,
     arrived: Notify,
     closed: std::sync::atomic::AtomicBool,
     released_tx: tokio::sync::mpsc::UnboundedSender<u64>,
     released_rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<u64>>,
-    max_segment: u64,
 }
 
 /// What the reader loop reports about our own segments.
@@ -390,12 +499,11 @@ impl SideChannel {
             // SAFETY: an OwnedFd's descriptor stays open and the same until
             // it is dropped, which only happens with the AsyncFd.
             sock: unsafe { AsyncFd::register(sock) }?,
-            peer_segments: Mutex::new(HashMap::new()),
+            peer_segments: Mutex::new(PeerSegments::new(max_segment)),
             arrived: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
             released_tx,
             released_rx: tokio::sync::Mutex::new(released_rx),
-            max_segment,
         })
     }
 
@@ -408,9 +516,7 @@ impl SideChannel {
     /// once when the socket has room (so the report is on its way before
     /// anything the caller sends next), else through the reader task.
     fn release(&self, id: u64) {
-        let mut msg = [0u8; 16];
-        msg[..8].copy_from_slice(&id.to_le_bytes());
-        msg[8..].copy_from_slice(&op::RELEASED.to_le_bytes());
+        let msg = SideMsg::Released(id).encode();
         // SAFETY: send on our own socket with a valid 16-byte buffer.
         let n = unsafe {
             libc::send(
@@ -440,45 +546,24 @@ impl SideChannel {
     }
 
     fn handle(&self, owner: &dyn Owner, msg: &[u8], fd: Option<OwnedFd>) -> Result<(), String> {
-        if msg.len() != 16 {
-            return Err("malformed side-channel message".to_string());
-        }
-        let id = u64::from_le_bytes(msg[..8].try_into().unwrap_or_default());
-        let operation = u64::from_le_bytes(msg[8..].try_into().unwrap_or_default());
-        match (operation, fd) {
-            (op::NEW, Some(fd)) => {
-                let seg = PeerSegment::map(&fd, self.max_segment).map_err(|e| format!("segment {id} refused: {e}"))?;
-                let mut segs = lock(&self.peer_segments);
-                if segs.len() >= MAX_SEGMENTS && !segs.contains_key(&id) {
-                    return Err(format!("more than {MAX_SEGMENTS} segments passed at once"));
-                }
-                segs.insert(id, Arc::new(seg));
-                drop(segs);
-                self.arrived.notify_waiters();
-            }
-            (op::TAKEN, None) => owner.taken(id),
-            (op::RELEASED, None) => owner.released(id),
-            (op::FORGET, None) => {
-                lock(&self.peer_segments).remove(&id);
-            }
-            _ => return Err(format!("unexpected side-channel operation {operation}")),
+        let arrived = lock(&self.peer_segments).apply(owner, msg, fd)?;
+        if arrived {
+            self.arrived.notify_waiters();
         }
         Ok(())
     }
 
     /// Sends one message, with `fd` attached when given, waiting at most
     /// [`SEND_TIMEOUT`] for room in the socket.
-    pub(crate) async fn send(&self, id: u64, operation: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
-        match tokio::time::timeout(SEND_TIMEOUT, self.send_now(id, operation, fd)).await {
+    pub(crate) async fn send(&self, msg: SideMsg, fd: Option<&OwnedFd>) -> io::Result<()> {
+        match tokio::time::timeout(SEND_TIMEOUT, self.send_now(msg, fd)).await {
             Ok(r) => r,
             Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the peer does not read its side channel")),
         }
     }
 
-    async fn send_now(&self, id: u64, operation: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
-        let mut msg = [0u8; 16];
-        msg[..8].copy_from_slice(&id.to_le_bytes());
-        msg[8..].copy_from_slice(&operation.to_le_bytes());
+    async fn send_now(&self, msg: SideMsg, fd: Option<&OwnedFd>) -> io::Result<()> {
+        let msg = msg.encode();
         loop {
             let mut guard = self.sock.writable().await?;
             let r = guard.try_io(|s| match fd {
@@ -505,7 +590,7 @@ impl SideChannel {
                 r = self.sock.readable() => r,
                 id = released.recv() => {
                     if let Some(id) = id
-                        && let Err(e) = self.send(id, op::RELEASED, None).await
+                        && let Err(e) = self.send(SideMsg::Released(id), None).await
                     {
                         break e.to_string();
                     }
@@ -543,8 +628,8 @@ impl SideChannel {
             let notified = self.arrived.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(s) = lock(&self.peer_segments).get(&id) {
-                break s.clone();
+            if let Some(s) = lock(&self.peer_segments).lookup(id, len)? {
+                break s;
             }
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return Err(format!("segment {id} never arrived: the side channel is closed"));
@@ -553,10 +638,7 @@ impl SideChannel {
                 return Err(format!("segment {id} did not arrive within {timeout:?}"));
             }
         };
-        if len > seg.len() as u64 {
-            return Err(format!("frame claims {len} bytes of a {}-byte segment", seg.len()));
-        }
-        if let Err(e) = self.send(id, op::TAKEN, None).await {
+        if let Err(e) = self.send(SideMsg::Taken(id), None).await {
             return Err(format!("segment {id}: {e}"));
         }
         Ok(Bytes::from_owner(View { seg, len: len as usize, id, side: Arc::downgrade(self) }))
@@ -624,11 +706,11 @@ mod tests {
         let ta = tokio::spawn(async move { ra.run(&*la).await });
         let tb = tokio::spawn(async move { rb.run(&Log::default()).await });
         let w = segment(b"hello world");
-        a.send(1, op::NEW, Some(w.fd())).await.unwrap();
+        a.send(SideMsg::New(1), Some(w.fd())).await.unwrap();
         let v = b.view(1, 5, Duration::from_secs(5)).await.unwrap();
         assert_eq!(&v[..], b"hello");
         let e = b.view(1, 100, Duration::from_secs(5)).await.unwrap_err();
-        assert!(e.contains("claims 100 bytes of a 11-byte segment"), "{e}");
+        assert!(e.contains("claims 100 bytes of the 11-byte segment 1"), "{e}");
         drop(v);
         for _ in 0..200 {
             if log.0.lock().unwrap().len() == 2 {
