@@ -160,6 +160,13 @@ impl Placement {
         self.buf.lock().await
     }
 
+    /// Locks the buffer for a write that outlives the caller's borrow (a
+    /// receive posted to another thread or a NIC): the guard keeps the
+    /// buffer alive and exclusive until it is dropped.
+    pub async fn lock_owned(&self) -> tokio::sync::OwnedMutexGuard<Vec<u8>> {
+        self.buf.clone().lock_owned().await
+    }
+
     /// Takes the buffer back once no transport holds it (after
     /// [`RecvStream::place`] with `None`); otherwise takes its contents.
     pub async fn into_inner(self) -> Vec<u8> {

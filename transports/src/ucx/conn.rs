@@ -202,7 +202,7 @@ impl Drop for UcxConnection {
 impl Connection for UcxConnection {
     async fn open(&self, kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
         let (tx, rx) = self.inner.open(kind).await?;
-        Ok((Box::new(UcxSend::new(tx, self.rv.clone())), Box::new(UcxRecv { inner: rx, rv: self.rv.clone() })))
+        Ok((Box::new(UcxSend::new(tx, self.rv.clone())), Box::new(UcxRecv::new(rx, self.rv.clone()))))
     }
 
     async fn accept(&self) -> Result<Incoming, StreamError> {
@@ -210,7 +210,7 @@ impl Connection for UcxConnection {
         Ok(Incoming {
             kind: inc.kind,
             send: Box::new(UcxSend::new(inc.send, self.rv.clone())),
-            recv: Box::new(UcxRecv { inner: inc.recv, rv: self.rv.clone() }),
+            recv: Box::new(UcxRecv::new(inc.recv, self.rv.clone())),
         })
     }
 

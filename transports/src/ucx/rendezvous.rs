@@ -27,7 +27,7 @@ use bytes::Bytes;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tokio::sync::oneshot;
 
-use super::worker::WorkerHandle;
+use super::worker::{Landed, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
@@ -161,10 +161,19 @@ impl SendStream for UcxSend {
     }
 }
 
-/// Receiving half: fetches diverted payloads from UCX.
+/// Receiving half: fetches diverted payloads from UCX, straight into the
+/// stream's placement buffer when the reader gave one (the tensor's own
+/// memory: no second copy), else into a buffer of their own.
 pub(crate) struct UcxRecv {
     pub(crate) inner: Box<dyn RecvStream>,
     pub(crate) rv: Arc<Rendezvous>,
+    pub(crate) placement: Option<Placement>,
+}
+
+impl UcxRecv {
+    pub(crate) fn new(inner: Box<dyn RecvStream>, rv: Arc<Rendezvous>) -> Self {
+        Self { inner, rv, placement: None }
+    }
 }
 
 #[async_trait]
@@ -188,9 +197,15 @@ impl RecvStream for UcxRecv {
                 limit: self.rv.max_payload,
             });
         }
-        let (tag, len) = (c.ucx_tag, c.raw_len as usize);
-        let rx = self.rv.worker.recv(tag, len);
-        let buf = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
+        let (tag, len, offset) = (c.ucx_tag, c.raw_len as usize, c.offset);
+        let target = match &self.placement {
+            Some(p) if p.accepts(c.tensor_id, offset, len) => {
+                RecvTarget::Placed { guard: p.lock_owned().await, offset: offset as usize, len }
+            }
+            _ => RecvTarget::Owned(vec![0u8; len]),
+        };
+        let rx = self.rv.worker.recv(tag, target);
+        let landed = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
             Ok(Ok(Ok(b))) => b,
             // UCX fails a message longer than the posted buffer with
             // "Message truncated": the peer lied about raw_len.
@@ -198,18 +213,23 @@ impl RecvStream for UcxRecv {
             Ok(Err(_)) => return Err(self.rv.closed("receive", "connection closed".into())),
             Err(_) => return Err(self.rv.timeout("receive")),
         };
-        if buf.len() != len {
+        let (got, payload) = match landed {
+            Landed::Owned(b) => (b.len(), Payload::Bytes(Bytes::from(b))),
+            Landed::Placed(n) => (n, Payload::Placed { offset, len: n }),
+        };
+        if got != len {
             return Err(StreamError::Protocol {
                 peer: peer(),
-                reason: format!("UCX message {tag} has {} bytes, its frame declared {len}", buf.len()),
+                reason: format!("UCX message {tag} has {got} bytes, its frame declared {len}"),
             });
         }
-        r.payload = Payload::Bytes(Bytes::from(buf));
+        r.payload = payload;
         Ok(Some(r))
     }
 
     fn place(&mut self, target: Option<Placement>) {
-        // Chunks that come through the socket can still be placed.
+        // Chunks that come through the socket are placed by the mux.
+        self.placement = target.clone();
         self.inner.place(target)
     }
 

@@ -69,12 +69,55 @@ pub fn stats() -> UcxStats {
     }
 }
 
-/// Result of a receive: the buffer, cut to the length that arrived.
-pub(crate) type RecvResult = Result<Vec<u8>, String>;
+/// Result of a receive: where its bytes landed, and how many arrived.
+pub(crate) type RecvResult = Result<Landed, String>;
+
+/// Where a UCX receive lands.
+pub(crate) enum RecvTarget {
+    /// A buffer of its own, handed back when the receive completes.
+    Owned(Vec<u8>),
+    /// `len` bytes at `offset` of a stream's placement buffer, kept locked
+    /// (and so alive and unmoved) by the guard until UCX is done with them.
+    Placed { guard: tokio::sync::OwnedMutexGuard<Vec<u8>>, offset: usize, len: usize },
+}
+
+impl RecvTarget {
+    /// The region UCX writes into; None when a placed range lies outside
+    /// its buffer (callers check first; this keeps the pointer sound).
+    fn region(&mut self) -> Option<(*mut c_void, usize)> {
+        match self {
+            RecvTarget::Owned(b) => Some((b.as_mut_ptr() as *mut c_void, b.len())),
+            RecvTarget::Placed { guard, offset, len } => {
+                let slice = guard.get_mut(*offset..offset.checked_add(*len)?)?;
+                Some((slice.as_mut_ptr() as *mut c_void, slice.len()))
+            }
+        }
+    }
+
+    /// What the receiver gets back once `n` bytes arrived.
+    fn landed(&mut self, n: usize) -> Landed {
+        match self {
+            RecvTarget::Owned(b) => {
+                let mut b = std::mem::take(b);
+                b.truncate(n);
+                Landed::Owned(b)
+            }
+            RecvTarget::Placed { .. } => Landed::Placed(n),
+        }
+    }
+}
+
+/// A completed receive: its own buffer, or the bytes written in place.
+pub(crate) enum Landed {
+    /// The received bytes.
+    Owned(Vec<u8>),
+    /// This many bytes were written into the placement buffer.
+    Placed(usize),
+}
 
 enum Cmd {
     Send { tag: u64, data: Bytes, done: oneshot::Sender<Result<(), String>> },
-    Recv { tag: u64, buf: Vec<u8>, done: oneshot::Sender<RecvResult> },
+    Recv { tag: u64, target: RecvTarget, done: oneshot::Sender<RecvResult> },
 }
 
 /// The handle tokio tasks hold.
@@ -194,10 +237,10 @@ impl WorkerHandle {
         rx
     }
 
-    /// Receives the message tagged `tag` into a buffer of `len` bytes.
-    pub(crate) fn recv(&self, tag: u64, len: usize) -> oneshot::Receiver<RecvResult> {
+    /// Receives the message tagged `tag` into `target`.
+    pub(crate) fn recv(&self, tag: u64, target: RecvTarget) -> oneshot::Receiver<RecvResult> {
         let (done, rx) = oneshot::channel();
-        self.submit(Cmd::Recv { tag, buf: vec![0u8; len], done });
+        self.submit(Cmd::Recv { tag, target, done });
         rx
     }
 
@@ -317,7 +360,7 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: Ep, status: ffi::Status)
 
 enum OpKind {
     Send { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
-    Recv { buf: Vec<u8>, done: Option<oneshot::Sender<RecvResult>> },
+    Recv { target: RecvTarget, done: Option<oneshot::Sender<RecvResult>> },
 }
 
 /// One operation UCX may still be working on.
@@ -431,9 +474,12 @@ impl Progress {
                 let (p, l) = (data.as_ptr() as *mut c_void, data.len());
                 (OpKind::Send { data, done: Some(done) }, p, l, true, tag)
             }
-            Cmd::Recv { tag, mut buf, done } => {
-                let (p, l) = (buf.as_mut_ptr() as *mut c_void, buf.len());
-                (OpKind::Recv { buf, done: Some(done) }, p, l, false, tag)
+            Cmd::Recv { tag, mut target, done } => {
+                let Some((p, l)) = target.region() else {
+                    let _ = done.send(Err("the receive's range lies outside its buffer".into()));
+                    return;
+                };
+                (OpKind::Recv { target, done: Some(done) }, p, l, false, tag)
             }
         };
         let mut op = Box::new(Op {
@@ -496,15 +542,13 @@ impl Progress {
                         let _ = d.send(err.map_or(Ok(()), Err));
                     }
                 }
-                OpKind::Recv { ref mut buf, ref mut done } => {
+                OpKind::Recv { ref mut target, ref mut done } => {
                     if let Some(d) = done.take() {
                         let r = match err {
                             Some(e) => Err(e),
                             None => {
-                                let mut b = std::mem::take(buf);
-                                b.truncate(len);
                                 BYTES_RECEIVED.fetch_add(len as u64, Ordering::Relaxed);
-                                Ok(b)
+                                Ok(target.landed(len))
                             }
                         };
                         let _ = d.send(r);
