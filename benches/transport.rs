@@ -5,7 +5,8 @@
 //! 256 MiB over gRPC in both directions next to raw TCP.
 //! `cargo bench --bench transport -- quic` runs the QUIC group alone;
 //! `-- grpc` the gRPC group; `-- shm` shared memory next to the Unix
-//! socket and memcpy.
+//! socket and memcpy; `--features ucx -- ucx` 256 MiB over `ucx://` next to
+//! `ucx_perftest`.
 
 // The measurement helpers are the CLI's (`tensorwire bench`), not the
 // library's: included by path so both run the same code.
@@ -209,5 +210,60 @@ fn shm_256mib(c: &mut Criterion) {
 #[cfg(not(feature = "shm"))]
 fn shm_256mib(_: &mut Criterion) {}
 
-criterion_group!(benches, transports, quic_1gib, grpc_256mib, shm_256mib);
+/// 256 MiB over `ucx://` (send and fetch) next to UCX's own
+/// `ucx_perftest -t ucp_put_bw` of the same size (its ceiling: one copy by
+/// `cma` on one host) and a raw TCP copy, in one run. Needs feature `ucx`
+/// and `ucx_perftest` (package `ucx-utils`); says so and skips otherwise.
+#[cfg(feature = "ucx")]
+fn ucx_256mib(c: &mut Criterion) {
+    const SIZE: usize = 256 << 20;
+    let perftest = match harness::ucx_perftest("ucp_put_bw", SIZE, 20) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ucx group skipped: {e}");
+            return;
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let srv = server("ucx");
+    let client = rt.block_on(Client::connect(srv.url())).unwrap();
+    let ratios = ratio::Ratios::default();
+    let mut g = c.benchmark_group("throughput-256MiB/ucx");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
+    g.throughput(Throughput::Bytes(SIZE as u64));
+    g.bench_function("raw-tcp", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("raw", iters, raw_copy(RawSocket::Tcp, SIZE, iters as usize).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("send", |b| {
+        b.iter_custom(|iters| {
+            ratios.record("send", iters, rt.block_on(send_time(&client, SIZE, iters as usize)).unwrap() * iters as u32)
+        })
+    });
+    g.bench_function("fetch", |b| {
+        b.iter_custom(|iters| {
+            ratios.record(
+                "fetch",
+                iters,
+                rt.block_on(fetch_time(&client, SIZE, iters as usize)).unwrap() * iters as u32,
+            )
+        })
+    });
+    g.finish();
+    println!("ucx_perftest -t ucp_put_bw -s {SIZE}: {:.2} GiB/s (measured before the group)", perftest.gib_per_s);
+    for dir in ["send", "fetch"] {
+        if let Some(t) = ratios.mean(dir) {
+            let gib = SIZE as f64 / t / (1u64 << 30) as f64;
+            println!("RATIO ucx 256MiB {dir} vs ucx_perftest: {:.2}x ({gib:.2} GiB/s)", gib / perftest.gib_per_s);
+        }
+    }
+    ratios.print_speed("ucx 256MiB client->server vs raw TCP", "send", "raw");
+    ratios.print_speed("ucx 256MiB server->client vs raw TCP", "fetch", "raw");
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_256mib(_: &mut Criterion) {}
+
+criterion_group!(benches, transports, quic_1gib, grpc_256mib, shm_256mib, ucx_256mib);
 criterion_main!(benches);
