@@ -15,7 +15,9 @@ use super::coalesce::Coalescer;
 use crate::config::{ClientConfig, Encoding, VERSION};
 use crate::error::{CallError, Code, Status};
 use crate::observe::stats::{ClientStats, Statistics};
+use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::link::{LinkEstimator, PeerCaps, SharedCaps};
+use crate::pipeline::pool::{PoolConfig, RecvPool};
 use crate::pipeline::reader::{FrameReader, Item};
 use crate::pipeline::wire::{PROTOCOL_VERSION, codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
@@ -64,6 +66,8 @@ pub(crate) struct ClientInner {
     current: RwLock<Option<Arc<ClientSession>>>,
     connecting: tokio::sync::Mutex<()>,
     pub(crate) stats: ClientStats,
+    /// Large receive buffers (fetches, call outputs) are recycled here.
+    pub(crate) pool: RecvPool,
 }
 
 impl Drop for ClientInner {
@@ -112,6 +116,9 @@ impl Client {
     /// Connects to `url` and handshakes (fails fast if the server is not there).
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Client, ConnectError> {
         let endpoint = Endpoint::parse(url)?;
+        // The client has no memory budget of its own: the pool's counts
+        // bound nothing but keep the accounting in one place.
+        let pool = RecvPool::new(MemoryBudget::unlimited(), PoolConfig::sized(config.recv_pool_bytes, u64::MAX));
         let c = Client {
             inner: Arc::new(ClientInner {
                 endpoint,
@@ -120,6 +127,7 @@ impl Client {
                 current: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 stats: ClientStats::default(),
+                pool,
             }),
         };
         c.session().await?;
@@ -258,7 +266,8 @@ impl Client {
         let mut w =
             FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
                 .with_chunk_checksums_for(s.info.transport);
-        let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement);
+        let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement)
+            .with_pool(self.inner.pool.clone());
         w.progress = cfg.progress.clone();
         r.progress = cfg.progress.clone();
         Ok((w, r))

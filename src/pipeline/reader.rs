@@ -13,6 +13,7 @@ use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
 
 use super::budget::MemoryBudget;
+use super::pool::RecvPool;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
 use super::wire::{codec_from_wire, info_from_wire};
 use crate::config::Limits;
@@ -64,8 +65,16 @@ impl FrameReader {
     }
 
     /// Reserves every tensor's buffer from `budget` before allocating it.
+    #[allow(dead_code)]
     pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
         self.asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, Some(budget));
+        self
+    }
+
+    /// Takes large tensors' buffers from `pool` (reserved from its budget;
+    /// smaller ones are reserved from it too).
+    pub(crate) fn with_pool(mut self, pool: RecvPool) -> Self {
+        self.asm = Assembly::with_pool(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, pool);
         self
     }
 

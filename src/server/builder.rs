@@ -22,6 +22,7 @@ use crate::config::ServerConfig;
 use crate::error::Status;
 use crate::observe::stats::ServerStats;
 use crate::pipeline::budget::MemoryBudget;
+use crate::pipeline::pool::{PoolConfig, RecvPool};
 use crate::rpc::call::{Cancellation, Output};
 use crate::rpc::function::{Function, Registry};
 use crate::rpc::tasks::{TaskConfig, TaskManager};
@@ -93,10 +94,15 @@ impl ServerBuilder {
         let budget = MemoryBudget::new(self.config.max_memory_bytes);
         let service = self.service.clone();
         budget.add_reclaimer(Arc::new(move |wanted| service.reclaim(wanted)));
+        let pool = RecvPool::new(
+            budget.clone(),
+            PoolConfig::sized(self.config.recv_pool_bytes, self.config.max_memory_bytes),
+        );
         Server {
             inner: Arc::new(ServerInner {
                 tasks: TaskManager::new(self.tasks, budget.clone()),
                 budget,
+                pool,
                 auth: Auth::new(self.config.auth_token.clone(), self.config.max_auth_failures),
                 config: self.config,
                 service: self.service,
@@ -166,13 +172,17 @@ impl Server {
         let releases = listeners.iter().filter_map(|l| l.release()).collect();
         let mut tasks: Vec<JoinHandle<()>> =
             listeners.into_iter().map(|l| tokio::spawn(accept_loop(self.inner.clone(), l))).collect();
-        // Expired task results are dropped even when nobody asks about them.
+        // Expired task results are dropped even when nobody asks about them,
+        // and receive buffers idle too long leave the pool (it shrinks when idle).
         let weak = Arc::downgrade(&self.inner);
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(crate::config::TASK_SWEEP_INTERVAL).await;
                 match weak.upgrade() {
-                    Some(inner) => inner.tasks.sweep(),
+                    Some(inner) => {
+                        inner.tasks.sweep();
+                        inner.pool.trim();
+                    }
                     None => return,
                 }
             }

@@ -28,7 +28,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let _active = inner.begin_call();
     let Incoming { kind, send, recv } = inc;
     let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement)
-        .with_budget(inner.budget.clone());
+        .with_pool(inner.pool.clone());
     let mut writer = FrameWriter::new(
         send,
         inner.config.encoding.clone(),

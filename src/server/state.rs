@@ -16,6 +16,7 @@ use crate::config::{ServerConfig, VERSION};
 use crate::observe::info::{FunctionStatistics, ServiceInfo};
 use crate::observe::stats::ServerStats;
 use crate::pipeline::budget::MemoryBudget;
+use crate::pipeline::pool::RecvPool;
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
 use crate::rpc::call::Cancellation;
 use crate::rpc::function::Registry;
@@ -35,6 +36,8 @@ pub(crate) struct ServerInner {
     pub(crate) shutdown: Cancellation,
     /// Every receive buffer is reserved from this first.
     pub(crate) budget: MemoryBudget,
+    /// Large receive buffers come from here (reserved from `budget`).
+    pub(crate) pool: RecvPool,
     /// The token check, with its limit on guessing.
     pub(crate) auth: Auth,
     pub(crate) idle: Notify,
@@ -45,6 +48,7 @@ pub(crate) struct ServerInner {
 
 impl ServerInner {
     pub(crate) fn info(&self) -> ServiceInfo {
+        let pool = self.pool.stats();
         use tensorwire_codecs::{Compression, available_codecs};
         ServiceInfo {
             service_name: self.config.service_name.clone(),
@@ -76,6 +80,9 @@ impl ServerInner {
             memory_limit: self.budget.limit(),
             memory_used: self.budget.used(),
             memory_refused: self.budget.refused(),
+            recv_pool_hits: pool.hits,
+            recv_pool_misses: pool.misses,
+            recv_pool_idle_bytes: pool.idle_bytes,
             store: self.service.usage().unwrap_or_default(),
         }
     }

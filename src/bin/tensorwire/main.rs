@@ -24,8 +24,10 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log level: error, warn, info, debug, trace (or a tracing filter).
-    #[arg(long, global = true, default_value = "info", env = "TENSORWIRE_LOG")]
-    log_level: String,
+    /// Default: info, and warn for `bench` (so no log line lands between
+    /// the rows of its table).
+    #[arg(long, global = true, env = "TENSORWIRE_LOG")]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -217,7 +219,8 @@ struct CallArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_level);
+    let default_level = if matches!(cli.command, Command::Bench(_)) { "warn" } else { "info" };
+    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     if let Command::Bench(a) = cli.command {
         // The bench runs its own runtimes (server and client apart, as two processes).
         return match bench::run(a) {
