@@ -465,6 +465,33 @@ impl Assembly {
         }
     }
 
+    /// Takes back the lent buffer of a tensor that will not finish (the
+    /// stream failed): a pooled buffer goes back to the pool.
+    pub fn abandon(&mut self, buf: RecvBuf) {
+        if let Some(mut lease) = self.lease.take() {
+            lease.put(buf);
+        }
+    }
+
+    /// Feeds a chunk of a tensor received into memory its caller owns
+    /// (`dst`, which the caller checked against the tensor's declared size
+    /// before the first chunk): writes or decompresses the chunk at its
+    /// offset, never past `dst`. Returns true after the last chunk.
+    pub fn push_to(&mut self, c: &v1::Chunk, payload: &[u8], dst: &mut [u8]) -> Result<bool, ChunkError> {
+        verify(c, payload)?;
+        let plan = self.reasm.plan(c, payload.len())?;
+        if plan.total != dst.len() {
+            return Err(ChunkError::Protocol(format!(
+                "tensor {} declares {} bytes, the destination has {}",
+                c.tensor_id,
+                plan.total,
+                dst.len()
+            )));
+        }
+        plan.write(payload, dst, &mut self.dec)?;
+        Ok(plan.last)
+    }
+
     /// Feeds a chunk whose payload arrived in memory while the buffer is
     /// lent: writes it into `lent`. Returns true after the last chunk.
     pub fn push_into(&mut self, c: &v1::Chunk, payload: &[u8], lent: &mut [u8]) -> Result<bool, ChunkError> {
