@@ -154,6 +154,13 @@ impl Client {
         self.inner.stats.snapshot()
     }
 
+    /// The transport the current connection runs on (`tcp`, `unix`,
+    /// `unix+shm` for a same-host `tcp://` or `unix://` connection upgraded
+    /// to shared memory, ...); None while not connected.
+    pub fn transport(&self) -> Option<&'static str> {
+        self.current().map(|s| s.info.transport)
+    }
+
     /// Closes the connection; the next call reconnects.
     pub fn disconnect(&self) {
         if let Some(s) = write(&self.inner.current).take() {
@@ -180,8 +187,41 @@ impl Client {
     }
 
     pub(crate) async fn new_session(&self) -> Result<ClientSession, ConnectError> {
-        let cfg = &self.inner.config;
+        let s = self.session_at(&self.inner.endpoint).await?;
+        match self.upgrade_url(&s) {
+            Some(url) => match Endpoint::parse(&url) {
+                Ok(ep) => match self.session_at(&ep).await {
+                    Ok(upgraded) => {
+                        s.conn.close("upgraded to shared memory");
+                        Ok(upgraded)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, %url, "shared-memory upgrade failed; staying on tcp");
+                        Ok(s)
+                    }
+                },
+                Err(_) => Ok(s),
+            },
+            None => Ok(s),
+        }
+    }
+
+    /// Where a same-host `tcp://` session may reconnect to use shared
+    /// memory: the server's upgrade socket, unless the URL says `?shm=0` or
+    /// [`ShmConfig::unix_upgrade`](tensorwire_transports::config::ShmConfig) is off.
+    fn upgrade_url(&self, s: &ClientSession) -> Option<String> {
         let ep = &self.inner.endpoint;
+        let wanted = cfg!(feature = "shm")
+            && self.inner.config.transport.shm.unix_upgrade
+            && ep.scheme() == Scheme::Tcp
+            && ep.query("shm") != Some("0")
+            && self.inner.config.transports.added_for(Scheme::Tcp).is_none();
+        let url = &s.welcome.shm_upgrade_url;
+        (wanted && s.info.transport == "tcp" && url.starts_with("unix://@")).then(|| url.clone())
+    }
+
+    async fn session_at(&self, ep: &Endpoint) -> Result<ClientSession, ConnectError> {
+        let cfg = &self.inner.config;
         let conn = cfg.transports.connect(ep, &cfg.transport).await?;
         let info = conn.info();
         let proto = |reason: String| ConnectError::Protocol { endpoint: ep.to_string(), reason };

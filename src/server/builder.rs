@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tensorwire_codecs::Tensor;
+#[cfg(feature = "shm")]
+use tensorwire_transports::Scheme;
 use tensorwire_transports::{Endpoint, ListenError, Transport};
 
 use tokio::sync::Notify;
@@ -115,6 +117,7 @@ impl ServerBuilder {
                 conns: Mutex::new(HashMap::new()),
                 next_conn: AtomicU64::new(0),
                 transports: Mutex::new(Vec::new()),
+                shm_upgrade_url: Mutex::new(None),
             }),
         }
     }
@@ -167,6 +170,22 @@ impl Server {
                 if !t.contains(&s) {
                     t.push(s);
                 }
+            }
+        }
+        // Same-host tcp:// clients may reconnect here and use shared memory.
+        #[cfg(feature = "shm")]
+        if self.inner.config.transport.shm.unix_upgrade && endpoints.iter().any(|e| e.scheme() == Scheme::Tcp && e.query("shm") != Some("0"))
+        {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let url = format!("unix://@tensorwire-upgrade-{}-{n}", std::process::id());
+            let ep = Endpoint::parse(&url).map_err(ListenError::from)?;
+            match listen(&ep, &self.inner).await {
+                Ok(l) => {
+                    *lock(&self.inner.shm_upgrade_url) = Some(url);
+                    listeners.push(l);
+                }
+                Err(e) => tracing::debug!(error = %e, "no shared-memory upgrade for tcp:// clients"),
             }
         }
         let releases = listeners.iter().filter_map(|l| l.release()).collect();

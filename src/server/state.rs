@@ -44,6 +44,9 @@ pub(crate) struct ServerInner {
     pub(crate) conns: Mutex<HashMap<u64, ConnEntry>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) transports: Mutex<Vec<String>>,
+    /// The abstract Unix socket same-host `tcp://` clients are told to
+    /// upgrade through (shared memory), when the server listens on TCP.
+    pub(crate) shm_upgrade_url: Mutex<Option<String>>,
 }
 
 impl ServerInner {

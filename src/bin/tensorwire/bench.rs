@@ -86,11 +86,12 @@ fn baseline_for(scheme: &str) -> RawSocket {
     }
 }
 
-/// The URL a bench client uses: `unix` is the plain socket (`unix+shm`
-/// is the same listener with the shared-memory upgrade, the default).
+/// The URL a bench client uses: `unix` and `tcp` are the plain sockets
+/// (`unix+shm` is the same listener with the shared-memory upgrade, the
+/// default, as same-host `tcp://` clients also get).
 fn client_url(scheme: &str, server_url: &str) -> String {
     match scheme {
-        "unix" => format!("{server_url}?shm=0"),
+        "unix" | "tcp" => format!("{server_url}?shm=0"),
         _ => server_url.to_string(),
     }
 }

@@ -76,6 +76,10 @@ struct ServeArgs {
     /// flight and stored, task results), in bytes (default: half of RAM).
     #[arg(long)]
     max_memory_bytes: Option<u64>,
+    /// Most bytes of receive buffers kept for reuse (the receive pool; at
+    /// most a quarter of the memory budget; 0: none).
+    #[arg(long, default_value_t = tensorwire::DEFAULT_RECV_POOL_BYTES)]
+    recv_pool_bytes: u64,
     /// Most connections open at once (default: half the open-file limit).
     #[arg(long)]
     max_connections: Option<usize>,
@@ -360,6 +364,7 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
         service_name: a.service_name.clone(),
         auth_token: a.auth_token.clone(),
         max_memory_bytes: a.max_memory_bytes.unwrap_or(defaults.max_memory_bytes),
+        recv_pool_bytes: a.recv_pool_bytes,
         max_connections: a.max_connections.unwrap_or(defaults.max_connections),
         max_connections_per_peer: a.max_connections.unwrap_or(defaults.max_connections_per_peer),
         max_auth_failures: a.max_auth_failures,
