@@ -5,11 +5,11 @@
 //! because loopback timings on shared machines are noisy.
 
 use crate::harness::{
-    RawSocket, Receive, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
+    RawSocket, Receive, ServerThread, bench_client_config, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
     function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips, send_time, ucx_perftest,
 };
 use clap::Args as ClapArgs;
-use tensorwire::{Client, ClientConfig, Server};
+use tensorwire::{Client, Server};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -102,7 +102,7 @@ fn client_url(scheme: &str, server_url: &str) -> String {
 fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let server = ServerThread::start(&listen_url("quic"), 2, bench_server)?;
-    let mut cfg = ClientConfig::default();
+    let mut cfg = bench_client_config();
     cfg.transport.quic.stripes = a.stripes;
     let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
     let label = format!("quic×{}", a.stripes);
@@ -217,7 +217,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     for scheme in &a.transports {
         let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
-        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), ClientConfig::default()))?;
+        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), bench_client_config()))?;
         let raw = baseline_for(scheme);
         // Latency against a real socket even where throughput compares to memcpy.
         let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };

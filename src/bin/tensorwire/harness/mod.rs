@@ -289,9 +289,25 @@ impl tensorwire::TensorService for BenchService {
     }
 }
 
+/// The receive pool size of the bench's server and clients: the library
+/// default, or `TENSORWIRE_BENCH_RECV_POOL_BYTES` (0 turns the pool off, to
+/// compare with a receiver that allocates a buffer per tensor).
+pub fn bench_recv_pool_bytes() -> u64 {
+    std::env::var("TENSORWIRE_BENCH_RECV_POOL_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(tensorwire::DEFAULT_RECV_POOL_BYTES)
+}
+
+/// A client configuration for benchmarks (the bench's receive pool size).
+pub fn bench_client_config() -> tensorwire::ClientConfig {
+    tensorwire::ClientConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() }
+}
+
 /// A server builder for benchmarks: [`BenchService`] and the built-in functions.
 pub fn bench_server() -> tensorwire::ServerBuilder {
-    let mut b = tensorwire::Server::builder().service(BenchService::default());
+    let cfg = tensorwire::ServerConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() };
+    let mut b = tensorwire::Server::builder().config(cfg).service(BenchService::default());
     for f in tensorwire::builtins::builtin_functions() {
         b = b.function(f);
     }
