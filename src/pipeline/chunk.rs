@@ -380,14 +380,7 @@ impl Assembly {
     /// buffer is reserved from it before it is allocated, and stays
     /// reserved until the last view of the tensor's bytes is dropped.
     pub fn new(limits: ReassemblyLimits, budget: Option<MemoryBudget>) -> Self {
-        Self {
-            reasm: Reassembler::new(limits),
-            dec: Decompressor::new(),
-            lease: None,
-            budget,
-            pool: None,
-            held: None,
-        }
+        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), lease: None, budget, pool: None, held: None }
     }
 
     /// An assembly whose large buffers come from `pool` (and are reserved

@@ -13,8 +13,8 @@ use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
 
 use super::budget::MemoryBudget;
-use super::pool::RecvPool;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
+use super::pool::RecvPool;
 use super::wire::{codec_from_wire, info_from_wire};
 use crate::config::Limits;
 use crate::error::CallError;
@@ -182,12 +182,19 @@ impl FrameReader {
         if codec != CodecKind::Raw || wire.storage_id != 0 {
             return Err(refuse(format!(
                 "the tensor arrives {}, not as plain bytes (raw codec)",
-                if wire.storage_id != 0 { "as a view of a shared storage".to_string() } else { format!("in the {codec} codec") }
+                if wire.storage_id != 0 {
+                    "as a view of a shared storage".to_string()
+                } else {
+                    format!("in the {codec} codec")
+                }
             )));
         }
         let dtype = info.dtype.ok_or_else(|| self.protocol("a raw tensor without a dtype"))?;
         if want.is_some_and(|w| w != dtype) {
-            return Err(refuse(format!("the tensor is {dtype}, the buffer holds {}", want.map(|w| w.to_string()).unwrap_or_default())));
+            return Err(refuse(format!(
+                "the tensor is {dtype}, the buffer holds {}",
+                want.map(|w| w.to_string()).unwrap_or_default()
+            )));
         }
         if info.strides.as_ref().is_some_and(|s| *s != tensorwire_codecs::tensor::contiguous_strides(&info.shape)) {
             return Err(refuse("the tensor arrives strided (a view), not contiguous".into()));

@@ -96,10 +96,8 @@ impl ServerBuilder {
         let budget = MemoryBudget::new(self.config.max_memory_bytes);
         let service = self.service.clone();
         budget.add_reclaimer(Arc::new(move |wanted| service.reclaim(wanted)));
-        let pool = RecvPool::new(
-            budget.clone(),
-            PoolConfig::sized(self.config.recv_pool_bytes, self.config.max_memory_bytes),
-        );
+        let pool =
+            RecvPool::new(budget.clone(), PoolConfig::sized(self.config.recv_pool_bytes, self.config.max_memory_bytes));
         Server {
             inner: Arc::new(ServerInner {
                 tasks: TaskManager::new(self.tasks, budget.clone()),
@@ -174,7 +172,8 @@ impl Server {
         }
         // Same-host tcp:// clients may reconnect here and use shared memory.
         #[cfg(feature = "shm")]
-        if self.inner.config.transport.shm.unix_upgrade && endpoints.iter().any(|e| e.scheme() == Scheme::Tcp && e.query("shm") != Some("0"))
+        if self.inner.config.transport.shm.unix_upgrade
+            && endpoints.iter().any(|e| e.scheme() == Scheme::Tcp && e.query("shm") != Some("0"))
         {
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -5,8 +5,9 @@
 //! because loopback timings on shared machines are noisy.
 
 use crate::harness::{
-    RawSocket, Receive, ServerThread, bench_client_config, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
-    function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips, send_time, ucx_perftest,
+    RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
+    calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
+    send_time, ucx_perftest,
 };
 use clap::Args as ClapArgs;
 use tensorwire::{Client, Server};
