@@ -156,7 +156,7 @@ async fn fetch_into_on(scheme: &str) {
     let client = Client::connect(&url).await.unwrap();
     // 4 MiB of float32 in several chunks, and one small tensor.
     let w = random_tensor(DType::Float32, &[256, 4096], 7).unwrap().with_name("w");
-    let b = Tensor::from_vec(&[3], vec![1i32, 2, 3]).unwrap().with_name("b");
+    let b = Tensor::from_vec([3], vec![1i32, 2, 3]).unwrap().with_name("b");
     client.send(vec![w.clone(), b.clone()]).await.unwrap();
 
     let mut dst = vec![0f32; 256 * 4096];

@@ -20,6 +20,8 @@ pub struct RecvBuf {
     ptr: NonNull<u8>,
     len: usize,
     cap: usize,
+    /// The alignment it was allocated with (freed with the same).
+    align: usize,
 }
 
 // SAFETY: `RecvBuf` owns its allocation exclusively (like `Vec<u8>`).
@@ -43,7 +45,7 @@ impl RecvBuf {
         let layout = Self::layout(len)?;
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        Some(Self { ptr: NonNull::new(p)?, len, cap: layout.size() })
+        Some(Self { ptr: NonNull::new(p)?, len, cap: layout.size(), align: layout.align() })
     }
 
     /// Bytes allocated (at least [`len`](Self::len)).
@@ -71,37 +73,21 @@ impl RecvBuf {
         self.len = len;
         true
     }
-
-    /// Writes one byte in every page, so that later writes take no page
-    /// faults (a buffer about to be recycled is warm already).
-    pub fn prefault(&mut self) {
-        // SAFETY: every offset is below `cap`, inside the allocation.
-        let all = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) };
-        for i in (0..all.len()).step_by(PAGE) {
-            // A volatile read+write: the compiler may not drop it.
-            // SAFETY: `i` is in bounds.
-            unsafe {
-                let p = all.as_mut_ptr().add(i);
-                std::ptr::write_volatile(p, std::ptr::read_volatile(p));
-            }
-        }
-    }
 }
 
 impl Default for RecvBuf {
     fn default() -> Self {
-        Self { ptr: NonNull::dangling(), len: 0, cap: 0 }
+        Self { ptr: NonNull::dangling(), len: 0, cap: 0, align: 1 }
     }
 }
 
 impl Drop for RecvBuf {
     fn drop(&mut self) {
-        if self.cap > 0 {
-            if let Some(layout) = Self::layout(self.cap) {
-                // SAFETY: allocated in `try_zeroed` with this layout (`cap`
-                // is already a multiple of the alignment `layout` picks).
-                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
-            }
+        if self.cap > 0
+            && let Ok(layout) = Layout::from_size_align(self.cap, self.align)
+        {
+            // SAFETY: allocated in `try_zeroed` with exactly this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
         }
     }
 }
@@ -149,8 +135,6 @@ mod tests {
         assert_eq!(b.as_ptr() as usize % PAGE, 0);
         assert!(b.iter().all(|&x| x == 0));
         b[5] = 9;
-        b.prefault();
-        assert_eq!(b[5], 9, "prefaulting keeps the contents");
         assert!(b.set_len(100));
         assert_eq!(b.len(), 100);
         assert!(!b.set_len(b.capacity() + 1));
@@ -160,5 +144,10 @@ mod tests {
         assert_eq!(small.capacity(), 64);
         assert!(RecvBuf::try_zeroed(usize::MAX - 10).is_none());
         assert!(RecvBuf::try_zeroed(0).unwrap().is_empty());
+        // Just below the page-aligned size: rounded up across the threshold
+        // and still freed with the alignment it was allocated with.
+        let edge = RecvBuf::try_zeroed(PAGE_ALIGNED_FROM - 1).unwrap();
+        assert_eq!(edge.capacity(), PAGE_ALIGNED_FROM);
+        drop(edge);
     }
 }
