@@ -388,7 +388,13 @@ mod tests {
         // 2 MiB is more than twice 512 KiB: not reused.
         drop(p.acquire(512 << 10, "t").unwrap());
         assert_eq!(p.stats().hits, 0);
-        assert_eq!(p.stats().idle_buffers, 1, "the 512 KiB one would exceed 3 MiB idle");
+        assert_eq!((p.stats().idle_buffers, p.stats().idle_bytes), (2, 5 << 19));
+        // 768 KiB fits neither (2 MiB is too big, 512 KiB too small); kept,
+        // it would make 3.25 MiB idle: freed instead.
+        drop(p.acquire(768 << 10, "t").unwrap());
+        assert_eq!((p.stats().hits, p.stats().misses), (0, 4));
+        assert_eq!(p.stats().idle_buffers, 2, "bounded by max_idle_bytes");
+        assert_eq!(p.budget().used(), 5 << 19, "the freed one gave its reservation back");
     }
 
     #[test]

@@ -72,6 +72,8 @@ fn listen_url(scheme: &str) -> String {
     match scheme {
         "unix" | "grpc+unix" => format!("{scheme}://{}", tmp.display()),
         "unix+shm" => format!("unix://{}", tmp.display()),
+        // A same-host tcp:// client, upgraded to shared memory.
+        "tcp+shm" => "tcp://127.0.0.1:0".to_string(),
         "shm" => format!("shm://tensorwire-bench-{}", std::process::id()),
         other => format!("{other}://127.0.0.1:0"),
     }
@@ -81,7 +83,7 @@ fn baseline_for(scheme: &str) -> RawSocket {
     match scheme {
         #[cfg(feature = "quic")]
         "quic" => RawSocket::Quic,
-        "shm" | "unix+shm" => RawSocket::Memcpy,
+        "shm" | "unix+shm" | "tcp+shm" => RawSocket::Memcpy,
         s if s.contains("unix") => RawSocket::Unix,
         _ => RawSocket::Tcp,
     }
