@@ -192,6 +192,16 @@ async fn fetch_into_on(scheme: &str) {
     assert!(e.status().is_some(), "{e}");
     // The connection goes on working after the refusals.
     assert_same(&w, &client.fetch_one("w").await.unwrap());
+    // The blocking client does the same (on its own runtime, off this one).
+    let w2 = w.clone();
+    tokio::task::spawn_blocking(move || {
+        let c = tensorwire::BlockingClient::connect(&url).unwrap();
+        let mut dst = vec![0f32; 256 * 4096];
+        assert_eq!(c.fetch_into("w", &mut dst).unwrap(), vec![256, 4096]);
+        assert_eq!(&dst[..], w2.as_slice::<f32>().unwrap());
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
