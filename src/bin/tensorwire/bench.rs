@@ -1,5 +1,7 @@
-//! `tensorwire bench`: every enabled transport on loopback, next to its raw
-//! baseline measured in the same run. The server runs on its own thread and
+//! `tensorwire bench`: every enabled transport on loopback, next to its
+//! ceiling measured in the same run (a raw socket copy into a warm, reused
+//! buffer; memcpy between warm buffers for shared memory; a raw quinn
+//! stream for QUIC), with the fresh-buffer copy as a labelled extra column. The server runs on its own thread and
 //! runtime, the client on this thread, as two processes would; each figure
 //! alternates with its baseline over several rounds and reports medians,
 //! because loopback timings on shared machines are noisy.
