@@ -26,8 +26,9 @@ fn memcpy_and_codecs(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(3)).throughput(Throughput::Bytes(bytes));
     let src = random_tensor(DType::Float32, &[N], 2).unwrap();
     let src = src.as_bytes().unwrap().to_vec();
-    // Two baselines: a copy into a fresh buffer (what a receiver of a new
-    // tensor pays, page faults included) and into a warm one (the bare copy).
+    // The ceiling is a copy into a warm buffer (the bare copy); a copy into
+    // a fresh buffer (what a receiver without a pool pays, page faults
+    // included) is measured for reference only, never a ratio's base.
     g.bench_function("memcpy-fresh", |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
@@ -36,7 +37,7 @@ fn memcpy_and_codecs(c: &mut Criterion) {
                 dst.copy_from_slice(&src);
                 std::hint::black_box(&dst);
             }
-            ratios.record("memcpy", iters, t.elapsed())
+            ratios.record("memcpy-fresh", iters, t.elapsed())
         })
     });
     let mut warm = vec![0u8; src.len()];
@@ -79,10 +80,8 @@ fn memcpy_and_codecs(c: &mut Criterion) {
     }
     g.finish();
     for k in ["raw", "torch", "safetensors"] {
-        for base in ["memcpy", "memcpy-warm"] {
-            ratios.print_speed(&format!("{k} encode"), &format!("{k}/encode"), base);
-            ratios.print_speed(&format!("{k} decode"), &format!("{k}/decode"), base);
-        }
+        ratios.print_speed(&format!("{k} encode"), &format!("{k}/encode"), "memcpy-warm");
+        ratios.print_speed(&format!("{k} decode"), &format!("{k}/decode"), "memcpy-warm");
     }
 
     let mut g = c.benchmark_group("compress-64MiB-f32");

@@ -53,7 +53,7 @@ fn main() -> Result<(), BoxError> {
         let url = match transport {
             "unix" => format!("unix://{}", dir.path().join("sd.sock").display()),
             "unix-noshm" => format!("unix://{}?shm=0", dir.path().join("sd-noshm.sock").display()),
-            "tcp" => "tcp://127.0.0.1:0".to_string(),
+            "tcp" => "tcp://127.0.0.1:0?shm=0".to_string(),
             other => return Err(format!("unknown transport {other}").into()),
         };
         // The server: its own thread and runtime.

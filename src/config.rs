@@ -30,6 +30,14 @@ pub const DEFAULT_MAX_STORE_BYTES: u64 = 8 << 30;
 /// Default largest JSON-RPC request body over HTTP: 64 MiB (JSON and base64
 /// suit small calls; large tensors travel faster on the native protocol).
 pub const DEFAULT_MAX_HTTP_BODY_BYTES: u64 = 64 << 20;
+/// Default most bytes of receive buffers kept idle for reuse (the receive
+/// pool): 1 GiB, and never more than a quarter of the memory budget.
+pub const DEFAULT_RECV_POOL_BYTES: u64 = 1 << 30;
+/// Receives smaller than this (1 MiB) are not pooled: the allocator
+/// recycles small buffers well on its own.
+pub const DEFAULT_RECV_POOL_MIN_BYTES: usize = 1 << 20;
+/// A pooled receive buffer unused this long (30 s) is freed.
+pub const DEFAULT_RECV_POOL_IDLE: Duration = Duration::from_secs(30);
 /// Default service name reported in the handshake and by `info`.
 pub const DEFAULT_SERVICE_NAME: &str = "tensorwire";
 /// Default time a client has to complete the handshake.
@@ -205,6 +213,10 @@ pub struct ClientConfig {
     /// Stack concurrent calls of the same batched function into one call
     /// (default true; see [`Client::call`](crate::Client::call)).
     pub coalesce: bool,
+    /// Most bytes of large receive buffers kept for reuse after the tensors
+    /// received into them are dropped, so that fetching tensor after tensor
+    /// pays no page faults (default [`DEFAULT_RECV_POOL_BYTES`]; 0: none).
+    pub recv_pool_bytes: u64,
 }
 
 impl Default for ClientConfig {
@@ -220,6 +232,7 @@ impl Default for ClientConfig {
             placement: true,
             progress: None,
             coalesce: true,
+            recv_pool_bytes: DEFAULT_RECV_POOL_BYTES,
         }
     }
 }
@@ -264,6 +277,13 @@ pub struct ServerConfig {
     /// (default: half of this machine's memory). Over it, calls fail with
     /// `RESOURCE_EXHAUSTED` before their bytes are read.
     pub max_memory_bytes: u64,
+    /// Most bytes of large receive buffers kept for reuse (the receive
+    /// pool) after the tensors received into them are dropped, so that
+    /// steady traffic pays no page faults (default
+    /// [`DEFAULT_RECV_POOL_BYTES`], at most a quarter of
+    /// `max_memory_bytes`; 0: none). Pooled buffers, idle or in use, count
+    /// against `max_memory_bytes`; idle ones are freed first when it is short.
+    pub recv_pool_bytes: u64,
     /// Largest JSON-RPC request body on `http://` listeners, in bytes
     /// (default 64 MiB); larger ones are refused with 413 unread.
     pub max_http_body_bytes: u64,
@@ -285,6 +305,7 @@ impl Default for ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             placement: true,
             max_memory_bytes: crate::pipeline::budget::default_limit(),
+            recv_pool_bytes: DEFAULT_RECV_POOL_BYTES,
             max_http_body_bytes: DEFAULT_MAX_HTTP_BODY_BYTES,
         }
     }

@@ -167,8 +167,8 @@ pub use client::session::{CallOptions, Client};
 pub use client::store::{StateDictEntry, StateDictStream};
 pub use config::{
     ClientConfig, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_AUTH_FAILURES, DEFAULT_MAX_DIMS, DEFAULT_MAX_HTTP_BODY_BYTES,
-    DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_SERVICE_NAME, Encoding,
-    Limits, ServerConfig, VERSION,
+    DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_MAX_TENSORS_PER_CALL, DEFAULT_RECV_POOL_BYTES,
+    DEFAULT_RECV_POOL_IDLE, DEFAULT_RECV_POOL_MIN_BYTES, DEFAULT_SERVICE_NAME, Encoding, Limits, ServerConfig, VERSION,
 };
 pub use error::{CallError, Code, Status};
 pub use observe::info::{FunctionInfo, FunctionStatistics, ServiceInfo};

@@ -388,7 +388,7 @@ macro_rules! suite_tests {
     )*};
 }
 
-transport_suite!(tcp => "tcp", tcps => "tcps", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix", shm => "shm");
+transport_suite!(tcp => "tcp", tcps => "tcps", tcp_shm => "tcp+shm", unix => "unix", quic => "quic", grpc => "grpc", grpcs => "grpcs", grpc_unix => "grpc+unix", shm => "shm");
 // Over whichever UCX transports UCX_TLS selects (tests/run.sh runs it with
 // UCX_TLS=tcp and with UCX_TLS=sm,self).
 #[cfg(feature = "ucx")]

@@ -211,3 +211,31 @@ async fn more_held_tensors_than_the_peer_takes_segments_still_arrive() {
     client.send(vec![t.clone()]).await.unwrap();
     assert_same(&t, &client.fetch_one("after").await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_on_the_same_host_upgrades_to_shared_memory_unless_refused() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "tcp+shm").await;
+    let url = server.url();
+    // The server lists only what it was asked to listen on.
+    assert_eq!(server.info().transports, vec!["tcp".to_string()]);
+    let upgraded = Client::connect(&url).await.unwrap();
+    assert_eq!(upgraded.transport(), Some("unix+shm"), "a same-host tcp:// client upgrades");
+    let plain = Client::connect(&format!("{url}?shm=0")).await.unwrap();
+    assert_eq!(plain.transport(), Some("tcp"), "?shm=0 refuses the upgrade");
+    let mut cfg = tensorwire::ClientConfig::default();
+    cfg.transport.shm.unix_upgrade = false;
+    let off = Client::connect_with(&url, cfg).await.unwrap();
+    assert_eq!(off.transport(), Some("tcp"), "unix_upgrade = false refuses it too");
+    // Both move the same tensors through the same server, bit-exact.
+    for (i, c) in [&upgraded, &plain, &off].into_iter().enumerate() {
+        let t = random_tensor(DType::UInt8, &[(8 << 20) + i], i as u64).unwrap().with_name(format!("t{i}"));
+        c.send(vec![t.clone()]).await.unwrap();
+        for d in [&upgraded, &plain] {
+            assert_same(&t, &d.fetch_one(&format!("t{i}")).await.unwrap());
+        }
+    }
+    // A reconnect upgrades again.
+    upgraded.disconnect();
+    assert!(upgraded.health().await.unwrap());
+    assert_eq!(upgraded.transport(), Some("unix+shm"));
+}

@@ -60,6 +60,15 @@ impl BlockingClient {
         self.run(async |c| c.fetch(request).await)
     }
 
+    /// See [`Client::fetch_into`]: the tensor `name` straight into `dst`.
+    pub fn fetch_into<T: tensorwire_codecs::Element>(
+        &self,
+        name: &str,
+        dst: &mut [T],
+    ) -> Result<Vec<usize>, CallError> {
+        self.run(async |c| c.fetch_into(name, dst).await)
+    }
+
     /// See [`Client::exchange_all`].
     pub fn exchange(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, CallError> {
         self.run(async |c| c.exchange_all(inputs).await)

@@ -4,12 +4,13 @@
 use std::time::Instant;
 
 use futures_util::{Stream, StreamExt};
-use tensorwire_codecs::Tensor;
+use tensorwire_codecs::{DType, Element, Tensor, TensorInfo};
 use tensorwire_proto::v1::{Method, frame_header::Kind};
 use tensorwire_transports::StreamKind;
 
 use super::session::{CallOptions, Client, explain, read_outputs, send_all, send_summary};
-use crate::error::CallError;
+use crate::error::{CallError, Status};
+use crate::pipeline::reader::{IntoItem, Item};
 use crate::pipeline::tensors::TensorStream;
 use crate::rpc::call::{FetchRequest, SendSummary};
 
@@ -81,6 +82,67 @@ impl Client {
             })
         })
         .await
+    }
+
+    /// Fetches the one tensor `request` returns straight into `dst`, memory
+    /// the caller owns (no receive buffer is allocated): chunks are written
+    /// (or decompressed) at their offsets as they arrive. The tensor's header
+    /// is checked first: it must be a raw, contiguous tensor of exactly
+    /// `dst.len()` bytes, and of dtype `dtype` when given; otherwise the call
+    /// fails with [`CallError::InvalidArgument`] and nothing is written.
+    /// Returns the tensor's header (dtype, shape, name). Not retried.
+    pub async fn fetch_into_bytes(
+        &self,
+        request: FetchRequest,
+        dst: &mut [u8],
+        dtype: Option<DType>,
+    ) -> Result<TensorInfo, CallError> {
+        let opts = CallOptions::default();
+        let s = self.session().await?;
+        let (mut w, mut r) = self.open(&s, StreamKind::Fetch, &opts).await?;
+        let mut req = self.request(Method::Fetch, &opts, Instant::now());
+        req.params = request.params.into_iter().collect();
+        w.control_last(Kind::Request(Box::new(req))).await?;
+        let mut got: Option<TensorInfo> = None;
+        loop {
+            let item = if got.is_none() {
+                r.next_into(dst, dtype).await?
+            } else {
+                match r.next().await? {
+                    Item::Tensor(_) => {
+                        return Err(CallError::InvalidArgument(
+                            "fetch_into receives one tensor, and the server returned more".into(),
+                        ));
+                    }
+                    Item::Control(h) => IntoItem::Control(h),
+                    Item::End => IntoItem::End,
+                }
+            };
+            match item {
+                IntoItem::Tensor(info) => got = Some(info),
+                IntoItem::Control(h) => match h.kind {
+                    Some(Kind::Reply(_)) => break,
+                    Some(Kind::Error(e)) => return Err(CallError::Remote(Status::from_wire(&e))),
+                    _ => return Err(r.protocol(format!("unexpected {} frame in a reply", h.kind_name()))),
+                },
+                IntoItem::End => return Err(r.protocol("the server ended the call without a reply")),
+            }
+        }
+        self.count(&w, &r);
+        got.ok_or_else(|| CallError::InvalidArgument("fetch_into: the server returned no tensor".into()))
+    }
+
+    /// Fetches the tensor named `name` straight into `dst` (see
+    /// [`Client::fetch_into_bytes`]): its dtype must be `T`'s and its
+    /// element count `dst.len()`. Returns its shape.
+    pub async fn fetch_into<T: Element>(&self, name: &str, dst: &mut [T]) -> Result<Vec<usize>, CallError> {
+        let len = std::mem::size_of_val(dst);
+        // SAFETY: `T: Element` is `Pod` (any byte pattern is a valid `T`,
+        // no padding), and the byte slice covers exactly `dst`, which it
+        // borrows mutably for its lifetime.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), len) };
+        let info = self.fetch_into_bytes(FetchRequest::name(name), bytes, Some(T::DTYPE)).await?;
+        Ok(info.shape)
     }
 
     /// Fetches the tensor named `name`.

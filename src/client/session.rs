@@ -15,7 +15,9 @@ use super::coalesce::Coalescer;
 use crate::config::{ClientConfig, Encoding, VERSION};
 use crate::error::{CallError, Code, Status};
 use crate::observe::stats::{ClientStats, Statistics};
+use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::link::{LinkEstimator, PeerCaps, SharedCaps};
+use crate::pipeline::pool::{PoolConfig, RecvPool};
 use crate::pipeline::reader::{FrameReader, Item};
 use crate::pipeline::wire::{PROTOCOL_VERSION, codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
@@ -64,6 +66,8 @@ pub(crate) struct ClientInner {
     current: RwLock<Option<Arc<ClientSession>>>,
     connecting: tokio::sync::Mutex<()>,
     pub(crate) stats: ClientStats,
+    /// Large receive buffers (fetches, call outputs) are recycled here.
+    pub(crate) pool: RecvPool,
 }
 
 impl Drop for ClientInner {
@@ -112,6 +116,9 @@ impl Client {
     /// Connects to `url` and handshakes (fails fast if the server is not there).
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Client, ConnectError> {
         let endpoint = Endpoint::parse(url)?;
+        // The client has no memory budget of its own: the pool's counts
+        // bound nothing but keep the accounting in one place.
+        let pool = RecvPool::new(MemoryBudget::unlimited(), PoolConfig::sized(config.recv_pool_bytes, u64::MAX));
         let c = Client {
             inner: Arc::new(ClientInner {
                 endpoint,
@@ -120,6 +127,7 @@ impl Client {
                 current: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 stats: ClientStats::default(),
+                pool,
             }),
         };
         c.session().await?;
@@ -144,6 +152,13 @@ impl Client {
     /// Counters and latencies of this client's calls.
     pub fn statistics(&self) -> Statistics {
         self.inner.stats.snapshot()
+    }
+
+    /// The transport the current connection runs on (`tcp`, `unix`,
+    /// `unix+shm` for a same-host `tcp://` or `unix://` connection upgraded
+    /// to shared memory, ...); None while not connected.
+    pub fn transport(&self) -> Option<&'static str> {
+        self.current().map(|s| s.info.transport)
     }
 
     /// Closes the connection; the next call reconnects.
@@ -172,8 +187,41 @@ impl Client {
     }
 
     pub(crate) async fn new_session(&self) -> Result<ClientSession, ConnectError> {
-        let cfg = &self.inner.config;
+        let s = self.session_at(&self.inner.endpoint).await?;
+        match self.upgrade_url(&s) {
+            Some(url) => match Endpoint::parse(&url) {
+                Ok(ep) => match self.session_at(&ep).await {
+                    Ok(upgraded) => {
+                        s.conn.close("upgraded to shared memory");
+                        Ok(upgraded)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, %url, "shared-memory upgrade failed; staying on tcp");
+                        Ok(s)
+                    }
+                },
+                Err(_) => Ok(s),
+            },
+            None => Ok(s),
+        }
+    }
+
+    /// Where a same-host `tcp://` session may reconnect to use shared
+    /// memory: the server's upgrade socket, unless the URL says `?shm=0` or
+    /// [`ShmConfig::unix_upgrade`](tensorwire_transports::config::ShmConfig) is off.
+    fn upgrade_url(&self, s: &ClientSession) -> Option<String> {
         let ep = &self.inner.endpoint;
+        let wanted = cfg!(feature = "shm")
+            && self.inner.config.transport.shm.unix_upgrade
+            && ep.scheme() == Scheme::Tcp
+            && ep.query("shm") != Some("0")
+            && self.inner.config.transports.added_for(Scheme::Tcp).is_none();
+        let url = &s.welcome.shm_upgrade_url;
+        (wanted && s.info.transport == "tcp" && url.starts_with("unix://@")).then(|| url.clone())
+    }
+
+    async fn session_at(&self, ep: &Endpoint) -> Result<ClientSession, ConnectError> {
+        let cfg = &self.inner.config;
         let conn = cfg.transports.connect(ep, &cfg.transport).await?;
         let info = conn.info();
         let proto = |reason: String| ConnectError::Protocol { endpoint: ep.to_string(), reason };
@@ -248,7 +296,8 @@ impl Client {
         let mut w =
             FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
                 .with_chunk_checksums_for(s.info.transport);
-        let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement);
+        let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement)
+            .with_pool(self.inner.pool.clone());
         w.progress = cfg.progress.clone();
         r.progress = cfg.progress.clone();
         Ok((w, r))

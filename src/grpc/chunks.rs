@@ -14,6 +14,7 @@ use tensorwire_proto::compat::TensorChunk;
 use crate::config::Limits;
 use crate::error::{Code, Status};
 use crate::pipeline::budget::{MemoryBudget, Reservation};
+use crate::pipeline::pool::RecvPool;
 
 /// Reassembles `TensorChunk`s (in any order, interleaved between tensors)
 /// into the `torch.save()` bytes of each tensor, within byte limits.
@@ -24,6 +25,9 @@ pub(crate) struct Assembler {
     buffered: u64,
     /// `buffered`, held against the server's memory budget.
     held: Option<Reservation>,
+    /// Where a tensor's contiguous buffer comes from (recycled, reserved
+    /// from the same budget), when set.
+    pool: Option<RecvPool>,
 }
 
 #[derive(Default)]
@@ -59,7 +63,14 @@ impl Assembler {
     /// counted), reserved from `budget` when given.
     pub(crate) fn new(max_bytes: u64, budget: Option<&MemoryBudget>) -> Self {
         let held = budget.map(|b| b.try_reserve(0, "compat reassembly").expect("zero bytes always fit"));
-        Self { partial: HashMap::new(), max_bytes, buffered: 0, held }
+        Self { partial: HashMap::new(), max_bytes, buffered: 0, held, pool: None }
+    }
+
+    /// Joins each tensor's chunks into a buffer from `pool` (recycled,
+    /// already faulted) instead of a new allocation.
+    pub(crate) fn with_pool(mut self, pool: RecvPool) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// Adds a chunk; returns a tensor's id, bytes and first-chunk metadata
@@ -138,11 +149,27 @@ impl Assembler {
         let bytes = if p.chunks.len() == 1 {
             p.chunks.into_values().next().unwrap_or_default()
         } else {
-            let mut b = BytesMut::with_capacity(p.chunks.values().map(Bytes::len).sum());
-            for v in p.chunks.values() {
-                b.extend_from_slice(v);
+            let total: usize = p.chunks.values().map(Bytes::len).sum();
+            match &self.pool {
+                Some(pool) if pool.pools(total) => {
+                    let mut lease = pool
+                        .acquire(total, "compat reassembly")
+                        .map_err(|e| Status::new(Code::ResourceExhausted, format!("tensor {id}: {e}")))?;
+                    let mut at = 0;
+                    for v in p.chunks.values() {
+                        lease.buf()[at..at + v.len()].copy_from_slice(v);
+                        at += v.len();
+                    }
+                    lease.into_bytes()
+                }
+                _ => {
+                    let mut b = BytesMut::with_capacity(total);
+                    for v in p.chunks.values() {
+                        b.extend_from_slice(v);
+                    }
+                    b.freeze()
+                }
             }
-            b.freeze()
         };
         Ok(Some(Assembled { id, bytes, metadata: p.metadata }))
     }

@@ -30,7 +30,7 @@ use tonic::{Request, Response, Streaming};
 use super::chunks::{Assembler, decode_tensor, encode_chunks};
 use super::status::{call_status, to_tonic};
 use crate::config::Limits;
-use crate::pipeline::budget::MemoryBudget;
+use crate::pipeline::pool::RecvPool;
 use crate::pipeline::tensors::TensorStream;
 use crate::pipeline::writer::FrameWriter;
 use crate::server::inproc;
@@ -120,9 +120,9 @@ async fn feed(
     mut chunks: Streaming<TensorChunk>,
     writer: &mut FrameWriter,
     limits: &Limits,
-    budget: &MemoryBudget,
+    pool: &RecvPool,
 ) -> Result<u64, tonic::Status> {
-    let mut asm = Assembler::new(limits.max_tensor_bytes, Some(budget));
+    let mut asm = Assembler::new(limits.max_tensor_bytes, Some(pool.budget())).with_pool(pool.clone());
     let mut n = 0;
     while let Some(c) = chunks.message().await? {
         if let Some(a) = asm.push(c).map_err(|s| to_tonic(&s))? {
@@ -177,7 +177,7 @@ impl CompatApi for Compat {
     ) -> Result<Response<TensorResponse>, tonic::Status> {
         let request = v1::Request { method: Method::Send as i32, ..Default::default() };
         let Piped { mut writer, mut output } = self.begin(&req, StreamKind::Send, request).await?;
-        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits, &self.inner.budget).await;
+        let fed = feed(req.into_inner(), &mut writer, &self.inner.config.limits, &self.inner.pool).await;
         if fed.is_err() {
             // The handler must not take a cut-off stream for a complete one.
             writer.reset(1);
@@ -223,11 +223,11 @@ impl CompatApi for Compat {
         let request = v1::Request { method: Method::Exchange as i32, ..Default::default() };
         let Piped { mut writer, output } = self.begin(&req, StreamKind::Exchange, request).await?;
         let limits = self.inner.config.limits.clone();
-        let budget = self.inner.budget.clone();
+        let pool = self.inner.pool.clone();
         let chunks = req.into_inner();
         let (why_tx, why_rx) = oneshot::channel();
         tokio::spawn(async move {
-            if let Err(e) = feed(chunks, &mut writer, &limits, &budget).await {
+            if let Err(e) = feed(chunks, &mut writer, &limits, &pool).await {
                 tracing::debug!(error = %e, "compat StreamTensors input failed");
                 // The reason first, then the reset that ends the call.
                 let _ = why_tx.send(e);

@@ -87,6 +87,12 @@ pub struct ServiceInfo {
     pub memory_used: u64,
     /// Reservations refused (RESOURCE_EXHAUSTED) since start.
     pub memory_refused: u64,
+    /// Receives served by a recycled buffer of the receive pool.
+    pub recv_pool_hits: u64,
+    /// Pooled-size receives that allocated a new buffer.
+    pub recv_pool_misses: u64,
+    /// Bytes of receive buffers idle in the pool now (counted in `memory_used`).
+    pub recv_pool_idle_bytes: u64,
     /// What the store service holds (zeros for services that store nothing).
     pub store: StoreUsage,
 }
@@ -121,6 +127,9 @@ impl ServiceInfo {
             memory_limit: self.memory_limit,
             memory_used: self.memory_used,
             memory_refused: self.memory_refused,
+            recv_pool_hits: self.recv_pool_hits,
+            recv_pool_misses: self.recv_pool_misses,
+            recv_pool_idle_bytes: self.recv_pool_idle_bytes,
             stored_tensors: self.store.tensors,
             stored_bytes: self.store.bytes,
             store_max_bytes: self.store.max_bytes,
@@ -155,6 +164,9 @@ impl ServiceInfo {
             memory_limit: w.memory_limit,
             memory_used: w.memory_used,
             memory_refused: w.memory_refused,
+            recv_pool_hits: w.recv_pool_hits,
+            recv_pool_misses: w.recv_pool_misses,
+            recv_pool_idle_bytes: w.recv_pool_idle_bytes,
             store: StoreUsage { tensors: w.stored_tensors, bytes: w.stored_bytes, max_bytes: w.store_max_bytes },
         }
     }

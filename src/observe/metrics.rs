@@ -82,6 +82,38 @@ impl Collector for ServerCollector {
             "1 while serving, 0 during shutdown",
             f64::from(u8::from(s.serving.load(Ordering::Relaxed))),
         )?;
+        gauge(&mut e, "tensorwire_memory_used_bytes", "Bytes reserved from the memory budget", s.budget.used() as f64)?;
+        gauge(
+            &mut e,
+            "tensorwire_memory_limit_bytes",
+            "The memory budget (max_memory_bytes)",
+            s.budget.limit() as f64,
+        )?;
+        let pool = s.pool.stats();
+        counter(
+            &mut e,
+            "tensorwire_recv_pool_hits",
+            "Receives served by a recycled buffer of the receive pool",
+            pool.hits,
+        )?;
+        counter(
+            &mut e,
+            "tensorwire_recv_pool_misses",
+            "Pooled-size receives that allocated a new buffer",
+            pool.misses,
+        )?;
+        gauge(
+            &mut e,
+            "tensorwire_recv_pool_hit_ratio",
+            "Receive pool hits over all pooled-size receives",
+            pool.hit_rate(),
+        )?;
+        gauge(
+            &mut e,
+            "tensorwire_recv_pool_idle_bytes",
+            "Bytes of receive buffers idle in the pool",
+            pool.idle_bytes as f64,
+        )?;
         if let Some(u) = s.service.usage() {
             gauge(&mut e, "tensorwire_store_bytes", "Bytes of the tensors the store holds", u.bytes as f64)?;
             gauge(&mut e, "tensorwire_store_tensors", "Tensors the store holds", u.tensors as f64)?;

@@ -106,6 +106,12 @@ impl MemoryBudget {
         crate::util::sync::lock(&self.inner.reclaimers).push(r);
     }
 
+    /// Adds an owner of memory that is asked before the others (the
+    /// receive pool: idle buffers are the cheapest memory to give back).
+    pub fn add_first_reclaimer(&self, r: Reclaimer) {
+        crate::util::sync::lock(&self.inner.reclaimers).insert(0, r);
+    }
+
     fn try_add(&self, n: u64) -> bool {
         let i = &self.inner;
         let mut cur = i.used.load(Ordering::Acquire);

@@ -18,7 +18,10 @@ use tensorwire_codecs::compress::Decompressor;
 use tensorwire_codecs::{Compression, Encoded};
 use tensorwire_proto::v1;
 
+use tensorwire_transports::RecvBuf;
+
 use super::budget::{MemoryBudget, OverBudget, Reservation};
+use super::pool::{AcquireError, Lease, RecvPool};
 use crate::pipeline::wire::compression_from_wire;
 
 /// Segments at most this long are merged with their neighbours (copying
@@ -324,24 +327,6 @@ impl Reassembler {
     }
 }
 
-/// A zeroed buffer of `n` bytes, or None when the allocator has not got
-/// the memory (never an abort: the size came from a peer). Zeroed pages
-/// come from `calloc`, so untouched parts cost nothing until written.
-pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
-    // SAFETY: `layout` has a non-zero size. A non-null pointer from
-    // `alloc_zeroed` points to `n` initialised (zero) bytes allocated by the
-    // global allocator with the layout `Vec<u8>` uses for capacity `n`, so
-    // the Vec may own and free it.
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout);
-        if p.is_null() { None } else { Some(Vec::from_raw_parts(p, n, n)) }
-    }
-}
-
 /// Checks a chunk's payload against the checksum it was sent with, if any.
 fn verify(c: &v1::Chunk, payload: &[u8]) -> Result<(), ChunkError> {
     match c.chunk_crc32c {
@@ -381,9 +366,12 @@ pub enum Step {
 pub struct Assembly {
     reasm: Reassembler,
     dec: Decompressor,
-    buf: Vec<u8>,
+    /// The buffer of the tensor in progress (pooled or not), with its
+    /// budget reservation.
+    lease: Option<Lease>,
     budget: Option<MemoryBudget>,
-    /// The budget held for the tensor in progress.
+    pool: Option<RecvPool>,
+    /// The budget held for a tensor that is one chunk's own bytes.
     held: Option<Reservation>,
 }
 
@@ -392,7 +380,15 @@ impl Assembly {
     /// buffer is reserved from it before it is allocated, and stays
     /// reserved until the last view of the tensor's bytes is dropped.
     pub fn new(limits: ReassemblyLimits, budget: Option<MemoryBudget>) -> Self {
-        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), buf: Vec::new(), budget, held: None }
+        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), lease: None, budget, pool: None, held: None }
+    }
+
+    /// An assembly whose large buffers come from `pool` (and are reserved
+    /// from the pool's budget, as every other buffer is).
+    pub fn with_pool(limits: ReassemblyLimits, pool: RecvPool) -> Self {
+        let mut a = Self::new(limits, Some(pool.budget().clone()));
+        a.pool = Some(pool);
+        a
     }
 
     fn reserve(&mut self, n: usize) -> Result<Option<Reservation>, ChunkError> {
@@ -400,6 +396,19 @@ impl Assembly {
             Some(b) => Ok(Some(b.try_reserve(n as u64, "tensor")?)),
             None => Ok(None),
         }
+    }
+
+    /// A buffer of `n` bytes for tensor `tensor_id`: from the pool when it
+    /// pools that size, else a new zeroed one; reserved from the budget first.
+    fn lease(&self, tensor_id: u64, n: usize) -> Result<Lease, ChunkError> {
+        let r = match &self.pool {
+            Some(p) if p.pools(n) => p.acquire(n, "tensor"),
+            _ => Lease::unpooled(n, self.budget.as_ref(), "tensor"),
+        };
+        r.map_err(|e| match e {
+            AcquireError::OverBudget(o) => ChunkError::OverBudget(o),
+            _ => ChunkError::OutOfMemory { tensor_id, size: n as u64 },
+        })
     }
 
     /// The finished payload, carrying its reservation.
@@ -415,17 +424,18 @@ impl Assembly {
         verify(c, &payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
-            self.held = self.reserve(plan.total)?;
+            self.lease = None;
             if plan.last && plan.compression == Compression::None {
+                self.held = self.reserve(plan.total)?;
                 return Ok(Step::Done(self.done(payload)));
             }
-            self.buf = try_zeroed(plan.total)
-                .ok_or(ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.total as u64 })?;
+            self.lease = Some(self.lease(c.tensor_id, plan.total)?);
         }
-        plan.write(&payload, &mut self.buf, &mut self.dec)?;
+        let lease = self.lease.as_mut().ok_or_else(|| ChunkError::Protocol("no tensor in progress".into()))?;
+        plan.write(&payload, lease.buf(), &mut self.dec)?;
         Ok(if plan.last {
-            let buf = Bytes::from(std::mem::take(&mut self.buf));
-            Step::Done(self.done(buf))
+            let lease = self.lease.take().expect("checked above");
+            Step::Done(lease.into_bytes())
         } else {
             Step::More
         })
@@ -433,13 +443,46 @@ impl Assembly {
 
     /// Lends the partly filled buffer of the tensor in progress (for a
     /// transport to write chunks into); [`Assembly::finish_lent`] takes it back.
-    pub fn lend(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.buf)
+    pub fn lend(&mut self) -> RecvBuf {
+        self.lease.as_mut().map(Lease::take).unwrap_or_default()
     }
 
     /// Takes back the lent buffer after the last chunk: the tensor's payload.
-    pub fn finish_lent(&mut self, buf: Vec<u8>) -> Bytes {
-        self.done(Bytes::from(buf))
+    pub fn finish_lent(&mut self, buf: RecvBuf) -> Bytes {
+        match self.lease.take() {
+            Some(mut lease) => {
+                lease.put(buf);
+                lease.into_bytes()
+            }
+            None => Bytes::from_owner(buf),
+        }
+    }
+
+    /// Takes back the lent buffer of a tensor that will not finish (the
+    /// stream failed): a pooled buffer goes back to the pool.
+    pub fn abandon(&mut self, buf: RecvBuf) {
+        if let Some(mut lease) = self.lease.take() {
+            lease.put(buf);
+        }
+    }
+
+    /// Feeds a chunk of a tensor received into memory its caller owns
+    /// (`dst`, which the caller checked against the tensor's declared size
+    /// before the first chunk): writes or decompresses the chunk at its
+    /// offset, never past `dst`. Returns true after the last chunk.
+    pub fn push_to(&mut self, c: &v1::Chunk, payload: &[u8], dst: &mut [u8]) -> Result<bool, ChunkError> {
+        verify(c, payload)?;
+        let plan = self.reasm.plan(c, payload.len())?;
+        if plan.total != dst.len() {
+            return Err(ChunkError::Protocol(format!(
+                "tensor {} declares {} bytes, the destination has {}",
+                c.tensor_id,
+                plan.total,
+                dst.len()
+            )));
+        }
+        plan.write(payload, dst, &mut self.dec)?;
+        Ok(plan.last)
     }
 
     /// Feeds a chunk whose payload arrived in memory while the buffer is

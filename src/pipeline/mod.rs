@@ -12,6 +12,8 @@
 //!   the `Reassembler` (or lets the transport place them), checks and decodes.
 //! - [`tensors`]: `TensorStream` and `TensorSink`, the handles users see.
 //! - [`budget`]: the one memory budget every receive buffer is reserved from.
+//! - [`pool`]: the receive pool of recycled, already-faulted buffers,
+//!   reserved from that budget.
 //! - [`link`]: what a connection knows of its peer (limits, codecs) and link.
 //! - [`pipe`]: an in-process stream pair (gRPC compat calls, tests).
 //! - [`storages`]: which tensors of a batch share a storage sent once
@@ -24,6 +26,7 @@ pub(crate) mod budget;
 pub(crate) mod chunk;
 pub(crate) mod link;
 pub(crate) mod pipe;
+pub(crate) mod pool;
 pub(crate) mod reader;
 pub(crate) mod storages;
 pub(crate) mod tensors;

@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tensorwire_codecs::tensor::aligned;
-use tensorwire_codecs::{CodecKind, DecodeError, Storage, Tensor, TensorInfo};
+use tensorwire_codecs::{CodecKind, DType, DecodeError, Storage, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
 
 use super::budget::MemoryBudget;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
+use super::pool::RecvPool;
 use super::wire::{codec_from_wire, info_from_wire};
 use crate::config::Limits;
 use crate::error::CallError;
@@ -22,6 +23,14 @@ use crate::error::CallError;
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Item {
     Tensor(Tensor),
+    Control(FrameHeader),
+    End,
+}
+
+/// One thing read from a stream by [`FrameReader::next_into`].
+pub(crate) enum IntoItem {
+    /// A tensor, now in the caller's buffer: its header.
+    Tensor(TensorInfo),
     Control(FrameHeader),
     End,
 }
@@ -64,8 +73,16 @@ impl FrameReader {
     }
 
     /// Reserves every tensor's buffer from `budget` before allocating it.
+    #[allow(dead_code)]
     pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
         self.asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, Some(budget));
+        self
+    }
+
+    /// Takes large tensors' buffers from `pool` (reserved from its budget;
+    /// smaller ones are reserved from it too).
+    pub(crate) fn with_pool(mut self, pool: RecvPool) -> Self {
+        self.asm = Assembly::with_pool(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, pool);
         self
     }
 
@@ -138,9 +155,85 @@ impl FrameReader {
         let result = self.read_placed(&placement).await;
         self.recv.place(None);
         let buf = placement.into_inner().await;
-        result?;
+        if let Err(e) = result {
+            self.asm.abandon(buf);
+            return Err(e);
+        }
         let payload = self.asm.finish_lent(buf);
         self.finish_tensor(payload)
+    }
+
+    /// Reads the next item of the stream; a tensor is written straight into
+    /// `dst` (caller memory), chunk by chunk, after its header was checked:
+    /// raw codec, contiguous, of dtype `want` (when given) and exactly
+    /// `dst.len()` bytes. A tensor that does not match is refused with
+    /// [`CallError::InvalidArgument`] before any byte is written, and no
+    /// chunk is ever written past `dst`.
+    pub(crate) async fn next_into(&mut self, dst: &mut [u8], want: Option<DType>) -> Result<IntoItem, CallError> {
+        let Some(r) = self.recv.recv().await? else { return Ok(IntoItem::End) };
+        let c = match r.header.kind {
+            Some(Kind::Chunk(c)) => c,
+            Some(_) => return Ok(IntoItem::Control(r.header)),
+            None => return Err(self.protocol("frame without a header kind")),
+        };
+        let wire = c.info.as_deref().ok_or_else(|| self.protocol("a tensor's first chunk has no tensor info"))?;
+        let (info, codec) = info_from_wire(wire).map_err(|e| self.protocol(e))?;
+        let refuse = |why: String| CallError::InvalidArgument(format!("cannot receive into the given buffer: {why}"));
+        if codec != CodecKind::Raw || wire.storage_id != 0 {
+            return Err(refuse(format!(
+                "the tensor arrives {}, not as plain bytes (raw codec)",
+                if wire.storage_id != 0 {
+                    "as a view of a shared storage".to_string()
+                } else {
+                    format!("in the {codec} codec")
+                }
+            )));
+        }
+        let dtype = info.dtype.ok_or_else(|| self.protocol("a raw tensor without a dtype"))?;
+        if want.is_some_and(|w| w != dtype) {
+            return Err(refuse(format!(
+                "the tensor is {dtype}, the buffer holds {}",
+                want.map(|w| w.to_string()).unwrap_or_default()
+            )));
+        }
+        if info.strides.as_ref().is_some_and(|s| *s != tensorwire_codecs::tensor::contiguous_strides(&info.shape)) {
+            return Err(refuse("the tensor arrives strided (a view), not contiguous".into()));
+        }
+        let nbytes = tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;
+        if nbytes != dst.len() as u64 || c.total_bytes != nbytes {
+            return Err(refuse(format!(
+                "the tensor (shape {:?}, {dtype}) has {nbytes} bytes, the buffer {}",
+                info.shape,
+                dst.len()
+            )));
+        }
+        let mut c = c;
+        let mut payload = match r.payload {
+            Payload::Bytes(b) => b,
+            Payload::Placed { .. } => return Err(self.protocol("a chunk was placed without a placement buffer")),
+        };
+        loop {
+            let last = self.asm.push_to(&c, &payload, dst).map_err(|e| self.chunk_error(e))?;
+            self.count_progress(c.raw_len);
+            if last {
+                break;
+            }
+            let (next, p) = self.next_chunk().await?;
+            let Payload::Bytes(b) = p else {
+                return Err(self.protocol("a chunk was placed without a placement buffer"));
+            };
+            (c, payload) = (next, b);
+        }
+        let (_, crc) = self.asm.finished().ok_or_else(|| self.protocol("tensor ended early"))?;
+        if let Some(expected) = crc {
+            let actual = crc32c::crc32c(dst);
+            if actual != expected {
+                return Err(CallError::Decode(DecodeError::Checksum { what: "tensor payload", expected, actual }));
+            }
+        }
+        self.tensors += 1;
+        self.bytes += nbytes;
+        Ok(IntoItem::Tensor(info))
     }
 
     /// The next frame, which must be a chunk of the tensor in progress.

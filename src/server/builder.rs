@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tensorwire_codecs::Tensor;
+#[cfg(feature = "shm")]
+use tensorwire_transports::Scheme;
 use tensorwire_transports::{Endpoint, ListenError, Transport};
 
 use tokio::sync::Notify;
@@ -22,6 +24,7 @@ use crate::config::ServerConfig;
 use crate::error::Status;
 use crate::observe::stats::ServerStats;
 use crate::pipeline::budget::MemoryBudget;
+use crate::pipeline::pool::{PoolConfig, RecvPool};
 use crate::rpc::call::{Cancellation, Output};
 use crate::rpc::function::{Function, Registry};
 use crate::rpc::tasks::{TaskConfig, TaskManager};
@@ -93,10 +96,13 @@ impl ServerBuilder {
         let budget = MemoryBudget::new(self.config.max_memory_bytes);
         let service = self.service.clone();
         budget.add_reclaimer(Arc::new(move |wanted| service.reclaim(wanted)));
+        let pool =
+            RecvPool::new(budget.clone(), PoolConfig::sized(self.config.recv_pool_bytes, self.config.max_memory_bytes));
         Server {
             inner: Arc::new(ServerInner {
                 tasks: TaskManager::new(self.tasks, budget.clone()),
                 budget,
+                pool,
                 auth: Auth::new(self.config.auth_token.clone(), self.config.max_auth_failures),
                 config: self.config,
                 service: self.service,
@@ -109,6 +115,7 @@ impl ServerBuilder {
                 conns: Mutex::new(HashMap::new()),
                 next_conn: AtomicU64::new(0),
                 transports: Mutex::new(Vec::new()),
+                shm_upgrade_url: Mutex::new(None),
             }),
         }
     }
@@ -163,16 +170,37 @@ impl Server {
                 }
             }
         }
+        // Same-host tcp:// clients may reconnect here and use shared memory.
+        #[cfg(feature = "shm")]
+        if self.inner.config.transport.shm.unix_upgrade
+            && endpoints.iter().any(|e| e.scheme() == Scheme::Tcp && e.query("shm") != Some("0"))
+        {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let url = format!("unix://@tensorwire-upgrade-{}-{n}", std::process::id());
+            let ep = Endpoint::parse(&url).map_err(ListenError::from)?;
+            match listen(&ep, &self.inner).await {
+                Ok(l) => {
+                    *lock(&self.inner.shm_upgrade_url) = Some(url);
+                    listeners.push(l);
+                }
+                Err(e) => tracing::debug!(error = %e, "no shared-memory upgrade for tcp:// clients"),
+            }
+        }
         let releases = listeners.iter().filter_map(|l| l.release()).collect();
         let mut tasks: Vec<JoinHandle<()>> =
             listeners.into_iter().map(|l| tokio::spawn(accept_loop(self.inner.clone(), l))).collect();
-        // Expired task results are dropped even when nobody asks about them.
+        // Expired task results are dropped even when nobody asks about them,
+        // and receive buffers idle too long leave the pool (it shrinks when idle).
         let weak = Arc::downgrade(&self.inner);
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(crate::config::TASK_SWEEP_INTERVAL).await;
                 match weak.upgrade() {
-                    Some(inner) => inner.tasks.sweep(),
+                    Some(inner) => {
+                        inner.tasks.sweep();
+                        inner.pool.trim();
+                    }
                     None => return,
                 }
             }

@@ -28,7 +28,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let _active = inner.begin_call();
     let Incoming { kind, send, recv } = inc;
     let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement)
-        .with_budget(inner.budget.clone());
+        .with_pool(inner.pool.clone());
     let mut writer = FrameWriter::new(
         send,
         inner.config.encoding.clone(),
@@ -174,6 +174,14 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
         limits: Some(inner.config.limits.to_wire(&inner.config.transport)),
         agent: format!("tensorwire/{VERSION}"),
         host_id: crate::util::host::host_id(),
+        shm_upgrade_url: if sess.info.transport == "tcp"
+            && !hello.host_id.is_empty()
+            && hello.host_id == crate::util::host::host_id()
+        {
+            lock(&inner.shm_upgrade_url).clone().unwrap_or_default()
+        } else {
+            String::new()
+        },
         service_name: inner.config.service_name.clone(),
         batched_functions: inner
             .functions

@@ -17,6 +17,7 @@ use crate::observe::info::{FunctionStatistics, ServiceInfo};
 use crate::observe::stats::ServerStats;
 use crate::pipeline::budget::MemoryBudget;
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
+use crate::pipeline::pool::RecvPool;
 use crate::rpc::call::Cancellation;
 use crate::rpc::function::Registry;
 use crate::rpc::tasks::TaskManager;
@@ -35,16 +36,22 @@ pub(crate) struct ServerInner {
     pub(crate) shutdown: Cancellation,
     /// Every receive buffer is reserved from this first.
     pub(crate) budget: MemoryBudget,
+    /// Large receive buffers come from here (reserved from `budget`).
+    pub(crate) pool: RecvPool,
     /// The token check, with its limit on guessing.
     pub(crate) auth: Auth,
     pub(crate) idle: Notify,
     pub(crate) conns: Mutex<HashMap<u64, ConnEntry>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) transports: Mutex<Vec<String>>,
+    /// The abstract Unix socket same-host `tcp://` clients are told to
+    /// upgrade through (shared memory), when the server listens on TCP.
+    pub(crate) shm_upgrade_url: Mutex<Option<String>>,
 }
 
 impl ServerInner {
     pub(crate) fn info(&self) -> ServiceInfo {
+        let pool = self.pool.stats();
         use tensorwire_codecs::{Compression, available_codecs};
         ServiceInfo {
             service_name: self.config.service_name.clone(),
@@ -76,6 +83,9 @@ impl ServerInner {
             memory_limit: self.budget.limit(),
             memory_used: self.budget.used(),
             memory_refused: self.budget.refused(),
+            recv_pool_hits: pool.hits,
+            recv_pool_misses: pool.misses,
+            recv_pool_idle_bytes: pool.idle_bytes,
             store: self.service.usage().unwrap_or_default(),
         }
     }

@@ -13,8 +13,13 @@ use tensorwire::builtins::{builtin_functions, random_tensor};
 use tensorwire::{DType, RunningServer, Server, ServerBuilder, ServerConfig, Tensor};
 
 /// A listen URL for `scheme` on loopback (Unix sockets in a fresh temp dir).
+/// `tcp` stays TCP (`?shm=0`: the server offers no shared-memory upgrade
+/// and its URL tells clients to refuse one); `tcp+shm` is TCP that
+/// same-host clients upgrade to shared memory (the default of `tcp://`).
 pub fn listen_url(scheme: &str) -> (String, Option<tempfile::TempDir>) {
     match scheme {
+        "tcp" => ("tcp://127.0.0.1:0?shm=0".into(), None),
+        "tcp+shm" => ("tcp://127.0.0.1:0".into(), None),
         "unix" | "grpc+unix" | "shm" => {
             let dir = tempfile::tempdir().unwrap();
             let p: PathBuf = dir.path().join("tw.sock");

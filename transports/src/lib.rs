@@ -30,6 +30,7 @@
 //! | `ucx` | no | `ucx://host:port` | `ucx`: mux over TCP + UCX rendezvous for large payloads (needs libucx) |
 #![warn(missing_docs)]
 
+pub mod buf;
 pub mod config;
 pub mod endpoint;
 #[cfg(feature = "grpc")]
@@ -59,6 +60,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+
+pub use buf::RecvBuf;
 
 pub use config::TransportConfig;
 pub use endpoint::{Endpoint, EndpointError, Scheme};
@@ -126,14 +129,14 @@ impl Payload {
 /// socket read. Chunks of other tensors are never placed in it.
 #[derive(Clone, Debug)]
 pub struct Placement {
-    buf: Arc<tokio::sync::Mutex<Vec<u8>>>,
+    buf: Arc<tokio::sync::Mutex<RecvBuf>>,
     len: usize,
     tensor_id: u64,
 }
 
 impl Placement {
     /// Wraps a buffer for the tensor `tensor_id` (its length is fixed from now on).
-    pub fn new(buf: Vec<u8>, tensor_id: u64) -> Self {
+    pub fn new(buf: RecvBuf, tensor_id: u64) -> Self {
         let len = buf.len();
         Self { buf: Arc::new(tokio::sync::Mutex::new(buf)), len, tensor_id }
     }
@@ -156,7 +159,7 @@ impl Placement {
     }
 
     /// Locks the buffer for writing.
-    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Vec<u8>> {
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, RecvBuf> {
         self.buf.lock().await
     }
 
@@ -169,7 +172,7 @@ impl Placement {
 
     /// Takes the buffer back once no transport holds it (after
     /// [`RecvStream::place`] with `None`); otherwise takes its contents.
-    pub async fn into_inner(self) -> Vec<u8> {
+    pub async fn into_inner(self) -> RecvBuf {
         match Arc::try_unwrap(self.buf) {
             Ok(m) => m.into_inner(),
             Err(shared) => std::mem::take(&mut *shared.lock().await),

@@ -157,7 +157,7 @@ async fn placement_receives_in_place() {
     let mut inc = p.server.accept_or_first(&mut tx).await;
     let total = 4 << 20;
     let whole = data(total, 3);
-    let placement = Placement::new(vec![0u8; total], 1);
+    let placement = Placement::new(tensorwire_transports::RecvBuf::try_zeroed(total).unwrap(), 1);
     inc.recv.place(Some(placement.clone()));
     let chunk = 1 << 20;
     for off in (0..total).step_by(chunk) {
@@ -175,7 +175,7 @@ async fn placement_receives_in_place() {
     }
     assert_eq!(placed, total);
     inc.recv.place(None);
-    assert_eq!(placement.into_inner().await, whole.to_vec());
+    assert_eq!(&placement.into_inner().await[..], &whole[..]);
 }
 
 #[tokio::test]
@@ -184,7 +184,7 @@ async fn placement_never_takes_another_tensors_chunks() {
     let (mut tx, _rx) = p.client.open(StreamKind::Send).await.unwrap();
     let mut inc = p.server.accept_or_first(&mut tx).await;
     // Registered for tensor 1, while chunks of tensor 2 (and a first chunk) arrive.
-    let placement = Placement::new(vec![0u8; 1 << 20], 1);
+    let placement = Placement::new(tensorwire_transports::RecvBuf::try_zeroed(1 << 20).unwrap(), 1);
     inc.recv.place(Some(placement.clone()));
     let mut other = chunk_header(0, 4096);
     if let Some(HKind::Chunk(c)) = &mut other.kind {

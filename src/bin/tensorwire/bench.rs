@@ -1,15 +1,18 @@
-//! `tensorwire bench`: every enabled transport on loopback, next to its raw
-//! baseline measured in the same run. The server runs on its own thread and
+//! `tensorwire bench`: every enabled transport on loopback, next to its
+//! ceiling measured in the same run (a raw socket copy into a warm, reused
+//! buffer; memcpy between warm buffers for shared memory; a raw quinn
+//! stream for QUIC), with the fresh-buffer copy as a labelled extra column. The server runs on its own thread and
 //! runtime, the client on this thread, as two processes would; each figure
 //! alternates with its baseline over several rounds and reports medians,
 //! because loopback timings on shared machines are noisy.
 
 use crate::harness::{
-    RawSocket, ServerThread, batching_functions, bench_server, call_round_trips, calls_per_second, fetch_time,
-    function_calls_per_second, gib_per_s, raw_copy, raw_round_trips, send_time, ucx_perftest,
+    RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
+    calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
+    send_time, ucx_perftest,
 };
 use clap::Args as ClapArgs;
-use tensorwire::{Client, ClientConfig, Server};
+use tensorwire::{Client, Server};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -71,6 +74,8 @@ fn listen_url(scheme: &str) -> String {
     match scheme {
         "unix" | "grpc+unix" => format!("{scheme}://{}", tmp.display()),
         "unix+shm" => format!("unix://{}", tmp.display()),
+        // A same-host tcp:// client, upgraded to shared memory.
+        "tcp+shm" => "tcp://127.0.0.1:0".to_string(),
         "shm" => format!("shm://tensorwire-bench-{}", std::process::id()),
         other => format!("{other}://127.0.0.1:0"),
     }
@@ -80,17 +85,18 @@ fn baseline_for(scheme: &str) -> RawSocket {
     match scheme {
         #[cfg(feature = "quic")]
         "quic" => RawSocket::Quic,
-        "shm" | "unix+shm" => RawSocket::Memcpy,
+        "shm" | "unix+shm" | "tcp+shm" => RawSocket::Memcpy,
         s if s.contains("unix") => RawSocket::Unix,
         _ => RawSocket::Tcp,
     }
 }
 
-/// The URL a bench client uses: `unix` is the plain socket (`unix+shm`
-/// is the same listener with the shared-memory upgrade, the default).
+/// The URL a bench client uses: `unix` and `tcp` are the plain sockets
+/// (`unix+shm` is the same listener with the shared-memory upgrade, the
+/// default, as same-host `tcp://` clients also get).
 fn client_url(scheme: &str, server_url: &str) -> String {
     match scheme {
-        "unix" => format!("{server_url}?shm=0"),
+        "unix" | "tcp" => format!("{server_url}?shm=0"),
         _ => server_url.to_string(),
     }
 }
@@ -101,7 +107,7 @@ fn client_url(scheme: &str, server_url: &str) -> String {
 fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let server = ServerThread::start(&listen_url("quic"), 2, bench_server)?;
-    let mut cfg = ClientConfig::default();
+    let mut cfg = bench_client_config();
     cfg.transport.quic.stripes = a.stripes;
     let client = rt.block_on(Client::connect_with(server.url(), cfg))?;
     let label = format!("quic×{}", a.stripes);
@@ -152,6 +158,50 @@ fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), B
     Ok(())
 }
 
+/// What a [`RawSocket`] ceiling is, for the JSON rows.
+fn ceiling_name(raw: RawSocket) -> &'static str {
+    match raw {
+        RawSocket::Tcp => "raw TCP into a warm buffer",
+        RawSocket::Unix => "raw Unix socket into a warm buffer",
+        #[cfg(feature = "quic")]
+        RawSocket::Quic => "raw quinn stream into a warm buffer",
+        RawSocket::Memcpy => "memcpy between warm buffers",
+    }
+}
+
+/// Same-host transports (shm) next to UCX's own same-host figure,
+/// `ucx_perftest -t ucp_put_bw` (cma/sm), run now when it is installed.
+fn perftest_row(a: &BenchArgs, scheme: &str, size: usize, sent: &[f64], fetched: &[f64]) {
+    let (s, f) = (median(sent.to_vec()), median(fetched.to_vec()));
+    let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
+    match ucx_perftest("ucp_put_bw", size, iters) {
+        Ok(p) => {
+            let put = p.gib_per_s;
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"transport": scheme, "size": size, "send_gib_per_s": s, "fetch_gib_per_s": f,
+                        "ucx_perftest_put_bw_gib_per_s": put, "send_ratio": s / put, "fetch_ratio": f / put})
+                );
+            } else {
+                println!(
+                    "{:<9} {:<5} {:>8} {:>10} {:>10.2} {:>7}   vs ucx_perftest -t ucp_put_bw (same host): send {:.2}x, fetch {:.2}x",
+                    scheme,
+                    "",
+                    human(size),
+                    "",
+                    put,
+                    "",
+                    s / put,
+                    f / put
+                );
+            }
+        }
+        Err(e) if !a.json => println!("{scheme:<9} {:<5} {:>8}   no ucx_perftest row: {e}", "", human(size)),
+        Err(_) => {}
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
@@ -164,39 +214,56 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7}   one tensor client→server (send) and server→client (fetch) vs a raw socket copy (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: memcpy into a new buffer), median of {rounds} alternating rounds",
-            "transport", "dir", "size", "GiB/s", "raw GiB/s", "ratio"
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7} {:>10}   one tensor client→server (send) and server→client (fetch) vs the ceiling: a raw socket copy into a warm reused buffer (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: memcpy between warm buffers), median of {rounds} alternating rounds; \"fresh\": the same raw copy into a new buffer per tensor (page faults; not a ratio's denominator)",
+            "transport", "dir", "size", "GiB/s", "ceiling", "ratio", "fresh"
         );
     }
     let mut latency_rows = Vec::new();
     for scheme in &a.transports {
         let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
-        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), ClientConfig::default()))?;
+        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), bench_client_config()))?;
         let raw = baseline_for(scheme);
         // Latency against a real socket even where throughput compares to memcpy.
         let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
         for &size in &sizes {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
-            let (mut sent, mut fetched, mut base) = (vec![], vec![], vec![]);
+            let (mut sent, mut fetched, mut base, mut fresh) = (vec![], vec![], vec![], vec![]);
             for _ in 0..rounds {
                 base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
                 sent.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
                 fetched.push(gib_per_s(size, rt.block_on(fetch_time(&client, size, reps))?));
             }
-            let b = median(base);
+            // The fresh-buffer copy, for its labelled column (a few copies: it is slow).
+            for _ in 0..rounds {
+                fresh.push(gib_per_s(size, raw_copy_into(raw, size, reps.min(5), Receive::Fresh)?));
+            }
+            let (b, f) = (median(base), median(fresh));
             if scheme == "ucx" {
                 ucx_rows(&a, size, median(sent.clone()), median(fetched.clone()))?;
             }
-            for (dir, g) in [("send", median(sent)), ("fetch", median(fetched))] {
+            for (dir, g) in [("send", median(sent.clone())), ("fetch", median(fetched.clone()))] {
                 if a.json {
                     println!(
                         "{}",
-                        serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g, "raw_gib_per_s": b, "ratio": g / b})
+                        serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g,
+                            "ceiling_gib_per_s": b, "ceiling": ceiling_name(raw), "ratio": g / b, "fresh_buffer_gib_per_s": f})
                     );
                 } else {
-                    println!("{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}", scheme, dir, human(size), g, b, g / b);
+                    println!(
+                        "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2} {:>10.2}",
+                        scheme,
+                        dir,
+                        human(size),
+                        g,
+                        b,
+                        g / b,
+                        f
+                    );
                 }
+            }
+            if raw == RawSocket::Memcpy && size >= 1 << 20 {
+                perftest_row(&a, scheme, size, &sent, &fetched);
             }
         }
         let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);

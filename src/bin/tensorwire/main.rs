@@ -24,8 +24,10 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log level: error, warn, info, debug, trace (or a tracing filter).
-    #[arg(long, global = true, default_value = "info", env = "TENSORWIRE_LOG")]
-    log_level: String,
+    /// Default: info, and warn for `bench` (so no log line lands between
+    /// the rows of its table).
+    #[arg(long, global = true, env = "TENSORWIRE_LOG")]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -74,6 +76,10 @@ struct ServeArgs {
     /// flight and stored, task results), in bytes (default: half of RAM).
     #[arg(long)]
     max_memory_bytes: Option<u64>,
+    /// Most bytes of receive buffers kept for reuse (the receive pool; at
+    /// most a quarter of the memory budget; 0: none).
+    #[arg(long, default_value_t = tensorwire::DEFAULT_RECV_POOL_BYTES)]
+    recv_pool_bytes: u64,
     /// Most connections open at once (default: half the open-file limit).
     #[arg(long)]
     max_connections: Option<usize>,
@@ -217,7 +223,8 @@ struct CallArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_level);
+    let default_level = if matches!(cli.command, Command::Bench(_)) { "warn" } else { "info" };
+    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     if let Command::Bench(a) = cli.command {
         // The bench runs its own runtimes (server and client apart, as two processes).
         return match bench::run(a) {
@@ -357,6 +364,7 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
         service_name: a.service_name.clone(),
         auth_token: a.auth_token.clone(),
         max_memory_bytes: a.max_memory_bytes.unwrap_or(defaults.max_memory_bytes),
+        recv_pool_bytes: a.recv_pool_bytes,
         max_connections: a.max_connections.unwrap_or(defaults.max_connections),
         max_connections_per_peer: a.max_connections.unwrap_or(defaults.max_connections_per_peer),
         max_auth_failures: a.max_auth_failures,

@@ -2,10 +2,14 @@
 //! benches: raw-socket baselines and tensorwire runs in the same process, so
 //! every figure comes with its ratio to the baseline measured alongside.
 //!
-//! The raw baselines are the least a transport could do: one thread writes
-//! a buffer into a plain socket in 1 MiB writes, another reads it into a
-//! freshly allocated buffer (as a receiver of a new tensor must), or
-//! ping-pongs a small message for latency.
+//! The raw baselines are the ceilings a transport is measured against: one
+//! thread writes a buffer into a plain socket in 1 MiB writes, another reads
+//! it into a reused, already-faulted (warm) buffer, as a receiver with a
+//! recycled buffer pool does ([`Receive::Warm`]); or ping-pongs a small
+//! message for latency. The same copy into a freshly allocated buffer per
+//! tensor ([`Receive::Fresh`]) is mostly page faults on these VMs (~1 GiB/s)
+//! and is only ever shown as a labelled extra column, never as the
+//! denominator of a ratio.
 //!
 //! The tensorwire side runs like a deployment: the server on its own thread
 //! and runtime ([`ServerThread`]), the client on another, as two processes
@@ -43,9 +47,31 @@ pub enum RawSocket {
     /// (default [`TransportConfig`](tensorwire::TransportConfig)).
     #[cfg(feature = "quic")]
     Quic,
-    /// No socket: `memcpy` of the bytes into a freshly allocated buffer in
-    /// the same process (the floor for same-host transports such as shm).
+    /// No socket: `memcpy` of the bytes between two buffers in the same
+    /// process (the ceiling for same-host transports such as shm).
     Memcpy,
+}
+
+/// Where a raw baseline's receiver puts the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Receive {
+    /// One buffer, allocated and written once before timing, reused for
+    /// every copy: no page faults (the ceiling).
+    Warm,
+    /// A new buffer per copy, as a receiver without a pool: mostly page
+    /// faults here. For a labelled extra column only.
+    Fresh,
+}
+
+/// A buffer of `n` bytes whose pages are all faulted in (written once).
+pub(crate) fn warm_buffer(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    // `vec![0; n]` maps zero pages lazily: touch one byte per page.
+    for i in (0..n).step_by(4096) {
+        v[i] = 1;
+    }
+    std::hint::black_box(&mut v);
+    v
 }
 
 trait Duplex: Read + Write + Send + 'static {}
@@ -101,21 +127,33 @@ fn pair(kind: RawSocket) -> std::io::Result<RawPair> {
     }
 }
 
-/// Copies `bytes` through a raw socket `reps` times; returns the mean time
-/// per copy (connection setup excluded; the receive buffer is allocated per copy).
+/// Copies `bytes` through a raw socket `reps` times into a warm, reused
+/// receive buffer (the ceiling); returns the mean time per copy (connection
+/// setup excluded).
 pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<Duration> {
+    raw_copy_into(kind, bytes, reps, Receive::Warm)
+}
+
+/// [`raw_copy`] with the receive buffer chosen by `recv`.
+pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) -> std::io::Result<Duration> {
     #[cfg(feature = "quic")]
     if kind == RawSocket::Quic {
-        return raw_quic::copy(&tensorwire::TransportConfig::default(), bytes, reps);
+        return raw_quic::copy(&tensorwire::TransportConfig::default(), bytes, reps, recv);
     }
     if kind == RawSocket::Memcpy {
-        let src = vec![7u8; bytes];
+        let src = warm_buffer(bytes);
+        let mut warm = warm_buffer(if recv == Receive::Warm { bytes } else { 0 });
         let mut total = Duration::ZERO;
         for _ in 0..reps {
             let t = Instant::now();
-            let mut dst = Vec::<u8>::with_capacity(bytes);
-            dst.extend_from_slice(&src);
-            std::hint::black_box(&dst);
+            if recv == Receive::Warm {
+                warm.copy_from_slice(&src);
+                std::hint::black_box(&warm);
+            } else {
+                let mut dst = Vec::<u8>::with_capacity(bytes);
+                dst.extend_from_slice(&src);
+                std::hint::black_box(&dst);
+            }
             total += t.elapsed();
         }
         return Ok(total / reps.max(1) as u32);
@@ -125,8 +163,10 @@ pub fn raw_copy(kind: RawSocket, bytes: usize, reps: usize) -> std::io::Result<D
     let reader = std::thread::spawn(move || -> std::io::Result<Duration> {
         let mut total = Duration::ZERO;
         let mut ack = [0u8; 1];
+        let mut warm = if recv == Receive::Warm { warm_buffer(bytes) } else { Vec::new() };
         for _ in 0..reps {
-            let mut dst = vec![0u8; bytes];
+            let mut fresh = if recv == Receive::Fresh { vec![0u8; bytes] } else { Vec::new() };
+            let dst = if recv == Receive::Warm { &mut warm } else { &mut fresh };
             let mut got = 0;
             let t = Instant::now();
             while got < bytes {
@@ -249,9 +289,25 @@ impl tensorwire::TensorService for BenchService {
     }
 }
 
+/// The receive pool size of the bench's server and clients: the library
+/// default, or `TENSORWIRE_BENCH_RECV_POOL_BYTES` (0 turns the pool off, to
+/// compare with a receiver that allocates a buffer per tensor).
+pub fn bench_recv_pool_bytes() -> u64 {
+    std::env::var("TENSORWIRE_BENCH_RECV_POOL_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(tensorwire::DEFAULT_RECV_POOL_BYTES)
+}
+
+/// A client configuration for benchmarks (the bench's receive pool size).
+pub fn bench_client_config() -> tensorwire::ClientConfig {
+    tensorwire::ClientConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() }
+}
+
 /// A server builder for benchmarks: [`BenchService`] and the built-in functions.
 pub fn bench_server() -> tensorwire::ServerBuilder {
-    let mut b = tensorwire::Server::builder().service(BenchService::default());
+    let cfg = tensorwire::ServerConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() };
+    let mut b = tensorwire::Server::builder().config(cfg).service(BenchService::default());
     for f in tensorwire::builtins::builtin_functions() {
         b = b.function(f);
     }

@@ -13,6 +13,8 @@ use tensorwire_transports::{TransportConfig, config::TlsConfig, tls};
 
 use tensorwire::Histogram;
 
+use super::{Receive, warm_buffer};
+
 fn io(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
@@ -94,19 +96,21 @@ where
 }
 
 /// Sends `bytes` `reps` times, each on its own stream, in 1 MiB writes; the
-/// server reads each into a freshly allocated buffer and acknowledges with
-/// one byte. Returns the sender's mean time per copy, from opening the
+/// server reads each into a warm reused buffer (or a fresh one per copy,
+/// with [`Receive::Fresh`]) and acknowledges with one byte. Returns the sender's mean time per copy, from opening the
 /// stream to the acknowledgement (as `send_time` measures tensorwire).
-pub(crate) fn copy(cfg: &TransportConfig, bytes: usize, reps: usize) -> std::io::Result<Duration> {
+pub(crate) fn copy(cfg: &TransportConfig, bytes: usize, reps: usize, recv: Receive) -> std::io::Result<Duration> {
     let warm_up = bytes.min(super::WARM_UP_BYTES);
     let ((), per_copy) = run(
         cfg,
         move |conn| {
             Box::pin(async move {
+                let mut warm = if recv == Receive::Warm { warm_buffer(bytes) } else { Vec::new() };
                 for i in 0..=reps {
                     let bytes = if i == 0 { warm_up } else { bytes };
                     let (mut tx, mut rx) = conn.accept_bi().await.map_err(io)?;
-                    let mut dst = vec![0u8; bytes];
+                    let mut fresh = if recv == Receive::Fresh { vec![0u8; bytes] } else { Vec::new() };
+                    let dst = if recv == Receive::Warm { &mut warm[..bytes] } else { &mut fresh[..] };
                     let mut got = 0;
                     while let Some(chunk) = rx.read_chunk(bytes - got, true).await.map_err(io)? {
                         dst[got..got + chunk.bytes.len()].copy_from_slice(&chunk.bytes);
