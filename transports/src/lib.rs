@@ -166,7 +166,7 @@ impl Placement {
     /// Locks the buffer for a write that outlives the caller's borrow (a
     /// receive posted to another thread or a NIC): the guard keeps the
     /// buffer alive and exclusive until it is dropped.
-    pub async fn lock_owned(&self) -> tokio::sync::OwnedMutexGuard<Vec<u8>> {
+    pub async fn lock_owned(&self) -> tokio::sync::OwnedMutexGuard<RecvBuf> {
         self.buf.clone().lock_owned().await
     }
 

@@ -78,7 +78,7 @@ pub(crate) enum RecvTarget {
     Owned(Vec<u8>),
     /// `len` bytes at `offset` of a stream's placement buffer, kept locked
     /// (and so alive and unmoved) by the guard until UCX is done with them.
-    Placed { guard: tokio::sync::OwnedMutexGuard<Vec<u8>>, offset: usize, len: usize },
+    Placed { guard: tokio::sync::OwnedMutexGuard<crate::RecvBuf>, offset: usize, len: usize },
 }
 
 impl RecvTarget {
