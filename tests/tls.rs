@@ -118,14 +118,22 @@ async fn mutual_tls_refuses_clients_without_a_certificate_from_the_ca(scheme: &s
             ..Default::default()
         })
     };
+    // With TLS 1.3 the client finishes its side of the handshake before the
+    // server checks its certificate, so the refusal arrives as an alert —
+    // or, when the client's next write meets the closed socket first, as a
+    // broken connection. Either way the call fails.
+    let refusal = |e: &str, alert: &str| {
+        let l = e.to_lowercase().replace('_', "");
+        l.contains(alert) || l.contains("broken pipe") || l.contains("reset by peer")
+    };
     let e = refused(&url, client(None)).await;
-    assert!(e.to_lowercase().replace('_', "").contains("certificaterequired"), "{e}");
+    assert!(refusal(&e, "certificaterequired"), "{e}");
     let e = refused(&url, client(Some((&b.client_cert, &b.client_key)))).await;
-    assert!(e.contains("alert"), "{e}");
+    assert!(refusal(&e, "alert"), "{e}");
     works(&url, client(Some((&a.client_cert, &a.client_key)))).await;
     // A server certificate cannot stand in for a client one.
     let e = refused(&url, client(Some((&a.server_cert, &a.server_key)))).await;
-    assert!(e.contains("alert"), "{e}");
+    assert!(refusal(&e, "alert"), "{e}");
     // Refusals cost the server nothing: it still serves.
     works(&url, client(Some((&a.client_cert, &a.client_key)))).await;
 }

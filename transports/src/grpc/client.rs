@@ -232,6 +232,28 @@ where
     Ok(GrpcChannel { send, origin, peer: peer.into(), closed, driver: Arc::new(AbortOnDrop(driver)) })
 }
 
+/// A call that failed because its connection did (hyper says only "channel
+/// closed" or "connection error") is reported with the connection's own
+/// cause — a TLS alert, a reset — once the connection task has it (waiting
+/// briefly: the call may fail a moment before the task records why).
+async fn with_connection_cause(chan: &GrpcChannel, status: tonic::Status) -> tonic::Status {
+    // A status the server sent has no source error; one tonic made from a
+    // transport failure carries hyper's, or says the service was not ready.
+    let from_transport = std::error::Error::source(&status).is_some()
+        || status.message().starts_with("Service was not ready")
+        || status.message().starts_with("transport error");
+    if !from_transport {
+        return status;
+    }
+    if !chan.is_closed() {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(200), chan.closed()).await;
+    }
+    match chan.end_reason() {
+        Some(why) if why.contains("failed") => tonic::Status::unavailable(format!("{}: {why}", status.message())),
+        _ => status,
+    }
+}
+
 /// Connects to a gRPC endpoint: one HTTP/2 connection, one call per stream.
 pub async fn connect(ep: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
     let chan = channel(ep, config).await?;
@@ -271,6 +293,7 @@ impl Connection for ClientConn {
         let reset = ResetFlag::default();
         let mut client = self.client.clone();
         let flag = reset.clone();
+        let chan = self.chan.clone();
         tokio::spawn(async move {
             let streaming = |rx| {
                 let mut req = Request::new(ReceiverStream::new(rx));
@@ -290,6 +313,10 @@ impl Connection for ClientConn {
                 StreamKind::Send => client.send(streaming(rx)).await.map(|r| Source::One(Some(r.into_inner()))),
                 StreamKind::Exchange => client.exchange(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
                 _ => client.call(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
+            };
+            let r = match r {
+                Err(status) => Err(with_connection_cause(&chan, status).await),
+                ok => ok,
             };
             let _ = resp_tx.send(r);
         });
