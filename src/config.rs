@@ -65,6 +65,12 @@ pub fn default_max_connections() -> usize {
 // Tuning of the pipeline's hot paths (not settings: named here so they have
 // one home and a reason).
 
+/// Chunk size over `ucx://`, at least: each chunk is one UCX rendezvous
+/// (a request, the zero-copy get, an acknowledgement, and the frame naming
+/// it on the control socket), so 1 MiB chunks spend more time in those
+/// round trips than in moving bytes; 16 MiB ones amortise them.
+pub(crate) const UCX_CHUNK_BYTES: usize = 16 << 20;
+
 /// Small frames are held back and leave together once this many payload
 /// bytes are pending (a small call is then one write on each side).
 pub(crate) const HOLD_FLUSH_BYTES: usize = 64 << 10;

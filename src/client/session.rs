@@ -295,7 +295,7 @@ impl Client {
         let cfg = &self.inner.config;
         let mut w =
             FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
-                .with_chunk_checksums_for(s.info.transport);
+                .for_transport(s.info.transport);
         let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement)
             .with_pool(self.inner.pool.clone());
         w.progress = cfg.progress.clone();

@@ -17,6 +17,7 @@ use super::storages::Share;
 use super::wire::{compression_to_wire, info_to_wire};
 use crate::config::{
     AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
+    UCX_CHUNK_BYTES,
 };
 use crate::error::CallError;
 
@@ -41,6 +42,8 @@ pub(crate) struct FrameWriter {
     pending_bytes: usize,
     /// Chunks carry a CRC-32C of their payload.
     chunk_checksums: bool,
+    /// Chunks are at least this large (the transport's preference; 0: none).
+    min_chunk: usize,
 }
 
 impl FrameWriter {
@@ -65,13 +68,18 @@ impl FrameWriter {
             pending: Vec::new(),
             pending_bytes: 0,
             chunk_checksums: false,
+            min_chunk: 0,
         }
     }
 
-    /// Sends a CRC-32C with every chunk when the encoding asks for it over
-    /// `transport` (see [`Encoding::chunk_checksums`]).
-    pub(crate) fn with_chunk_checksums_for(mut self, transport: &str) -> Self {
+    /// Adapts to the connection's `transport`: a CRC-32C with every chunk
+    /// when the encoding asks for it there (see [`Encoding::chunk_checksums`]),
+    /// and over `ucx://` chunks of at least [`UCX_CHUNK_BYTES`].
+    pub(crate) fn for_transport(mut self, transport: &str) -> Self {
         self.chunk_checksums = self.encoding.chunk_checksums_on(transport);
+        if transport == "ucx" {
+            self.min_chunk = UCX_CHUNK_BYTES;
+        }
         self
     }
 
@@ -208,7 +216,7 @@ impl FrameWriter {
     /// Payload bytes per chunk: the configured chunk size, within the
     /// peer's largest frame (kept a multiple of 64).
     fn chunk_size(&self) -> usize {
-        let mut chunk_size = self.encoding.effective_chunk_size() as u64;
+        let mut chunk_size = self.encoding.effective_chunk_size().max(self.min_chunk) as u64;
         if self.max_frame_payload > 0 {
             chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
         }

@@ -36,7 +36,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         sess.info.max_frame_payload,
         Some(sess.link.clone()),
     )
-    .with_chunk_checksums_for(sess.info.transport);
+    .for_transport(sess.info.transport);
     let mut input = TensorStream::new(reader, false);
     let req = match input.reader_mut().next().await {
         Ok(Item::Control(h)) => match h.kind {
