@@ -316,6 +316,11 @@ impl FrameWriter {
                 if c == Compression::None || !self.peer_accepts(c) {
                     return (Compression::None, 0);
                 }
+                if c == Compression::Planes {
+                    // Planes carry the element size in the shuffle field.
+                    let elem = if tensorwire_codecs::planes::supports(itemsize) { itemsize } else { 1 };
+                    return (c, elem as u32);
+                }
                 (c, if self.encoding.shuffle && itemsize > 1 { itemsize as u32 } else { 0 })
             }
             CompressionMode::Auto => {
