@@ -121,15 +121,22 @@ pub enum Side {
     B,
 }
 
-/// Counters of the relay.
+/// Counters of the relay, per direction (index 0: a → b, 1: b → a).
 #[derive(Debug, Default)]
 pub struct RelayStats {
-    /// Packets relayed (both directions).
-    pub packets: AtomicU64,
+    /// Packets relayed.
+    pub packets: [AtomicU64; 2],
     /// Packets dropped by the loss model.
-    pub dropped: AtomicU64,
-    /// IP bytes relayed.
-    pub bytes: AtomicU64,
+    pub dropped: [AtomicU64; 2],
+    /// IP bytes relayed (headers included).
+    pub bytes: [AtomicU64; 2],
+}
+
+impl RelayStats {
+    /// IP bytes relayed from a to b so far.
+    pub fn bytes_a_to_b(&self) -> u64 {
+        self.bytes[0].load(Ordering::Relaxed)
+    }
 }
 
 /// A running emulated link; dropping it tears everything down.
@@ -260,17 +267,17 @@ impl Link {
         }
         let [fa, fb] = files;
         let (fa2, fb2) = (dup(&fa)?, dup(&fb)?);
-        link.spawn_direction(fa, fb2, 1);
-        link.spawn_direction(fb, fa2, 2);
+        link.spawn_direction(fa, fb2, 0);
+        link.spawn_direction(fb, fa2, 1);
         Ok(link)
     }
 
-    fn spawn_direction(&mut self, from: File, to: File, seed: u64) {
+    fn spawn_direction(&mut self, from: File, to: File, dir: usize) {
         let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
         let delay = self.spec.rtt / 2;
         let loss = self.spec.loss;
         let (stop, stats) = (self.stop.clone(), self.stats.clone());
-        self.threads.push(std::thread::spawn(move || read_side(from, tx, delay, loss, seed, &stop, &stats)));
+        self.threads.push(std::thread::spawn(move || read_side(from, tx, delay, loss, dir, &stop, &stats)));
         let stop = self.stop.clone();
         self.threads.push(std::thread::spawn(move || write_side(to, rx, &stop)));
     }
@@ -293,6 +300,11 @@ impl Link {
     /// Relay counters.
     pub fn stats(&self) -> &RelayStats {
         &self.stats
+    }
+
+    /// Relay counters, shareable with other threads.
+    pub fn stats_arc(&self) -> Arc<RelayStats> {
+        self.stats.clone()
     }
 
     /// Runs `f` on a new thread inside `side`'s namespace (sockets it
@@ -331,11 +343,11 @@ fn read_side(
     tx: std::sync::mpsc::Sender<(Instant, Vec<u8>)>,
     delay: Duration,
     loss: f64,
-    seed: u64,
+    dir: usize,
     stop: &AtomicBool,
     stats: &RelayStats,
 ) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ seed.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (dir as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     let threshold = (loss * u64::MAX as f64) as u64;
     let mut buf = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) {
@@ -352,11 +364,11 @@ fn read_side(
             x ^= x >> 7;
             x ^= x << 17;
             if x < threshold {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                stats.dropped[dir].fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            stats.packets.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            stats.packets[dir].fetch_add(1, Ordering::Relaxed);
+            stats.bytes[dir].fetch_add(n as u64, Ordering::Relaxed);
             if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
                 return;
             }
@@ -463,7 +475,8 @@ mod tests {
         let (got, dgram) = server.join().unwrap().unwrap().unwrap();
         assert_eq!(got, data);
         assert_eq!(dgram, b"hello");
-        assert!(link.stats().packets.load(Ordering::Relaxed) > 600);
+        assert!(link.stats().packets[0].load(Ordering::Relaxed) > 600);
+        assert!(link.stats().bytes_a_to_b() > 1_000_000);
         drop(link);
         let after = namespaces();
         assert!(!after.contains(&ns[0]) && !after.contains(&ns[1]), "left behind: {after:?}");
