@@ -260,6 +260,7 @@ impl Client {
                 .with_chunk_checksums_for(s.info.transport);
         let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement);
         w.progress = cfg.progress.clone();
+        w.defer_link = kind == StreamKind::Send;
         r.progress = cfg.progress.clone();
         Ok((w, r))
     }
@@ -420,6 +421,7 @@ pub(crate) async fn send_summary(
     let out = read_outputs(r).await;
     c.count_received(r);
     let (_, reply) = out?;
+    w.record_call();
     Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
 }
 

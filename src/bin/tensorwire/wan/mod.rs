@@ -249,10 +249,11 @@ async fn connect(url: &str, compress: &str) -> Result<Client, BoxError> {
     Ok(Client::connect_with(url, config).await?)
 }
 
-/// A warm-up transfer, uncompressed (random bytes), so that the window is
-/// open and `auto` has a measured link rate.
+/// A warm-up transfer of random bytes (16 MiB: the least the client's link
+/// estimate takes), so that the congestion window is open and `auto` has a
+/// measured link rate.
 async fn warm_up(c: &Client) -> Result<(), BoxError> {
-    let t = data::random_bytes(8 << 20, 99).with_name("warm-up");
+    let t = data::random_bytes(16 << 20, 99).with_name("warm-up");
     c.send([t]).await?;
     Ok(())
 }
@@ -261,7 +262,9 @@ fn measure_rows(link: &Link, servers: &Servers, ds: &Dataset, a: &WanArgs) -> Re
     let urls = servers.urls.clone();
     let tensors = ds.tensors.clone();
     let delta = ds.delta.clone();
-    let compress = a.compress.clone();
+    let mut compress = a.compress.clone();
+    compress.retain(|c| c != "none");
+    compress.insert(0, "none".to_string());
     let stats = link.stats_arc();
     let rate = link.spec().bytes_per_sec();
     let h = link.spawn_in(Side::A, move || -> Result<Vec<Row>, String> {
@@ -282,18 +285,24 @@ fn measure_rows(link: &Link, servers: &Servers, ds: &Dataset, a: &WanArgs) -> Re
                 }
             };
             for (transport, url) in &urls {
-                for (kind, t) in &tensors {
-                    let mut none: Option<(f64, u64)> = None;
-                    for comp in &compress {
-                        let c = connect(url, comp).await.map_err(|e| format!("{transport}: {e}"))?;
-                        warm_up(&c).await.map_err(|e| format!("{transport} warm-up: {e}"))?;
-                        let (secs, wire) =
-                            timed(c, t.clone(), None).await.map_err(|e| format!("{transport} {kind} {comp}: {e}"))?;
-                        if comp == "none" {
-                            none = Some((secs, wire));
-                        }
-                        rows.push(row(transport, kind.name(), comp, t.nbytes() as u64, secs, wire, none, rate));
+                // One connection per compression, warmed up once; `none` first
+                // (every row's speed-up and ratio are against it).
+                let mut measured: Vec<(usize, usize, f64, u64)> = vec![];
+                for (ci, comp) in compress.iter().enumerate() {
+                    let c = connect(url, comp).await.map_err(|e| format!("{transport}: {e}"))?;
+                    warm_up(&c).await.map_err(|e| format!("{transport} warm-up: {e}"))?;
+                    for (ki, (kind, t)) in tensors.iter().enumerate() {
+                        let (secs, wire) = timed(c.clone(), t.clone(), None)
+                            .await
+                            .map_err(|e| format!("{transport} {kind} {comp}: {e}"))?;
+                        measured.push((ki, ci, secs, wire));
                     }
+                }
+                measured.sort_by_key(|m| (m.0, m.1));
+                for &(ki, ci, secs, wire) in &measured {
+                    let none = measured.iter().find(|m| m.0 == ki && m.1 == 0).map(|m| (m.2, m.3));
+                    let (kind, t) = &tensors[ki];
+                    rows.push(row(transport, kind.name(), &compress[ci], t.nbytes() as u64, secs, wire, none, rate));
                 }
                 if let Some((prev, next)) = &delta {
                     // The server holds `prev`; `next` goes whole (none), then,
