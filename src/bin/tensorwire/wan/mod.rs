@@ -197,8 +197,8 @@ fn raw_tcp(link: &Link, bytes: usize) -> Result<f64, BoxError> {
 /// The tensors of each data kind, and the delta pair.
 struct Dataset {
     tensors: Vec<(DataKind, Tensor)>,
-    /// (previous checkpoint, checkpoint 100 steps later), fp32.
-    delta: Option<(Tensor, Tensor)>,
+    /// (label, previous checkpoint, checkpoint 100 steps later), fp32 and bf16.
+    delta: Vec<(&'static str, Tensor, Tensor)>,
 }
 
 fn make_data(a: &WanArgs) -> Result<Dataset, BoxError> {
@@ -236,8 +236,11 @@ fn make_data(a: &WanArgs) -> Result<Dataset, BoxError> {
         tensors.push((d, t.with_name("x")));
     }
     let delta = match (w.clone(), later) {
-        (Some(prev), Some(next)) => Some((prev.with_name("ckpt"), next.with_name("ckpt"))),
-        _ => None,
+        (Some(prev), Some(next)) => vec![
+            ("fp32-ckpt+100", prev.clone().with_name("ckpt"), next.clone().with_name("ckpt")),
+            ("bf16-ckpt+100", data::to_bf16(&prev).with_name("ckpt"), data::to_bf16(&next).with_name("ckpt")),
+        ],
+        _ => vec![],
     };
     Ok(Dataset { tensors, delta })
 }
@@ -304,7 +307,7 @@ fn measure_rows(link: &Link, servers: &Servers, ds: &Dataset, a: &WanArgs) -> Re
                     let (kind, t) = &tensors[ki];
                     rows.push(row(transport, kind.name(), &compress[ci], t.nbytes() as u64, secs, wire, none, rate));
                 }
-                if let Some((prev, next)) = &delta {
+                for (label, prev, next) in &delta {
                     // The server holds `prev`; `next` goes whole (none), then,
                     // after `prev` is stored again, as a delta (auto).
                     let err = |e: BoxError| format!("{transport} delta row: {e}");
@@ -313,12 +316,12 @@ fn measure_rows(link: &Link, servers: &Servers, ds: &Dataset, a: &WanArgs) -> Re
                     whole_c.send([prev.clone()]).await.map_err(|e| err(e.into()))?;
                     let whole = timed(whole_c, next.clone(), None).await.map_err(err)?;
                     let n = next.nbytes() as u64;
-                    rows.push(row(transport, "fp32-ckpt+100", "none", n, whole.0, whole.1, Some(whole), rate));
+                    rows.push(row(transport, label, "none", n, whole.0, whole.1, Some(whole), rate));
                     let c = connect(url, "auto").await.map_err(err)?;
                     warm_up(&c).await.map_err(err)?;
                     c.send([prev.clone()]).await.map_err(|e| err(e.into()))?;
                     let d = timed(c.clone(), next.clone(), Some(prev.clone())).await.map_err(err)?;
-                    rows.push(row(transport, "fp32-ckpt+100", "delta+auto", n, d.0, d.1, Some(whole), rate));
+                    rows.push(row(transport, label, "delta+auto", n, d.0, d.1, Some(whole), rate));
                     let back = c.fetch_one("ckpt").await.map_err(|e| e.to_string())?;
                     if back.crc32c().map_err(|e| e.to_string())? != next.crc32c().map_err(|e| e.to_string())? {
                         return Err("the delta row's stored checkpoint differs (CRC-32C)".into());
