@@ -30,7 +30,7 @@ pub enum Compression {
     /// zstd at a level (1 = fastest; 3 = zstd's default; up to 22).
     Zstd(i32),
     /// Float planes: exponent and sign+mantissa byte planes, each
-    /// zstd-coded or stored raw (see [`crate::planes`]); the chunk's shuffle
+    /// zstd-coded or stored raw (see the `planes` module); the chunk's shuffle
     /// field carries the element size. Needs the `zstd` feature.
     Planes,
 }
@@ -564,6 +564,33 @@ mod tests {
         let mut out = vec![0; 100];
         assert!(d.decompress(Compression::Lz4, 0, &[0xff; 10], &mut out).is_err());
         assert!(d.decompress(Compression::Zstd(1), 0, &[0x28, 0xb5, 0x2f, 0xfd, 0, 0], &mut out).is_err());
+    }
+
+    #[cfg(feature = "zstd")]
+    #[test]
+    fn planes_round_trip_through_the_compressor_and_auto_picks_them() {
+        // Weight-like bf16: a narrow exponent range, random mantissas.
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let data: Vec<u8> = (0..1 << 17)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let e = 0x3c + (x >> 60) as u16 % 3;
+                ((e << 7) | (x >> 20) as u16 & 0x807f).to_le_bytes()
+            })
+            .collect();
+        let mut c = Compressor::new();
+        let mut d = Decompressor::new();
+        let packed = c.compress(Compression::Planes, 2, &data).unwrap().unwrap();
+        let mut out = vec![0; data.len()];
+        d.decompress(Compression::Planes, 2, &packed, &mut out).unwrap();
+        assert_eq!(out, data);
+        assert!(d.decompress(Compression::Planes, 2, &packed[..packed.len() - 1], &mut out).is_err());
+        // Auto weighs planes against zstd+shuffle on a slow link (either wins here).
+        let slow = choose_auto(&mut c, &data[..256 << 10], 2, 10e6);
+        assert!(slow.compression != Compression::None && slow.ratio > 1.3, "{slow:?}");
+        assert_eq!("planes".parse::<Compression>().unwrap(), Compression::Planes);
     }
 
     #[cfg(feature = "zstd")]

@@ -1,4 +1,4 @@
-//! Float-plane compression ([`Compression::Planes`](crate::Compression::Planes)):
+//! Float-plane compression (`Compression::Planes` in `compress`):
 //! split each float element into an exponent plane and sign+mantissa
 //! planes, then entropy-code every plane on its own.
 //!
@@ -219,7 +219,32 @@ pub(crate) fn decode(
 
 #[cfg(all(test, feature = "zstd"))]
 mod tests {
-    use crate::compress::{Compression, Compressor, Decompressor};
+    use crate::planes::{PLANE_ZSTD_LEVEL, decode, encode};
+    use crate::error::DecodeError;
+
+    /// The encoder and decoder with their own zstd contexts (the
+    /// `Compressor`/`Decompressor` route is tested in `compress`).
+    struct Codec {
+        c: zstd::bulk::Compressor<'static>,
+        d: zstd::bulk::Decompressor<'static>,
+        scratch: Vec<u8>,
+    }
+
+    impl Codec {
+        fn new() -> Self {
+            Self {
+                c: zstd::bulk::Compressor::new(PLANE_ZSTD_LEVEL).unwrap(),
+                d: zstd::bulk::Decompressor::new().unwrap(),
+                scratch: vec![],
+            }
+        }
+        fn encode(&mut self, input: &[u8], elem: u32) -> Vec<u8> {
+            encode(input, elem as usize, &mut self.scratch, &mut self.c).unwrap()
+        }
+        fn decode(&mut self, input: &[u8], elem: u32, out: &mut [u8]) -> Result<(), DecodeError> {
+            decode(input, elem as usize, out, &mut self.scratch, &mut self.d)
+        }
+    }
 
     fn rng(seed: u64) -> impl FnMut() -> u64 {
         let mut x = seed | 1;
@@ -260,16 +285,12 @@ mod tests {
     }
 
     fn round_trip(bytes: &[u8], elem: u32) -> usize {
-        let mut c = Compressor::new();
-        let mut d = Decompressor::new();
-        let packed = c.compress(Compression::Planes, elem, bytes).unwrap();
+        let mut c = Codec::new();
+        let packed = c.encode(bytes, elem);
         let mut out = vec![0u8; bytes.len()];
-        match &packed {
-            Some(p) => d.decompress(Compression::Planes, elem, p, &mut out).unwrap(),
-            None => out.copy_from_slice(bytes),
-        }
+        c.decode(&packed, elem, &mut out).unwrap();
         assert_eq!(out, bytes, "elem {elem}");
-        packed.map_or(bytes.len(), |p| p.len())
+        packed.len()
     }
 
     #[test]
@@ -307,10 +328,9 @@ mod tests {
         let w = weights(1 << 18, 3);
         let f32b: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let bf16b: Vec<u8> = w.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
-        let mut c = Compressor::new();
         for (bytes, elem) in [(&f32b, 4u32), (&bf16b, 2)] {
             let planes = round_trip(bytes, elem);
-            let zstd = c.compress(Compression::Zstd(3), 0, bytes).unwrap().map_or(bytes.len(), |v| v.len());
+            let zstd = zstd::bulk::compress(bytes, 3).unwrap().len().min(bytes.len());
             assert!(planes < zstd, "elem {elem}: planes {planes} vs zstd {zstd}");
         }
     }
@@ -319,12 +339,10 @@ mod tests {
     fn malformed_payloads_are_clear_errors() {
         let w = weights(4096, 5);
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let packed = Compressor::new().compress(Compression::Planes, 4, &bytes).unwrap().unwrap();
-        let mut d = Decompressor::new();
+        let mut d = Codec::new();
+        let packed = d.encode(&bytes, 4);
         let mut out = vec![0u8; bytes.len()];
-        let e = |d: &mut Decompressor, p: &[u8], elem: u32, out: &mut [u8]| {
-            d.decompress(Compression::Planes, elem, p, out).unwrap_err().to_string()
-        };
+        let e = |d: &mut Codec, p: &[u8], elem: u32, out: &mut [u8]| d.decode(p, elem, out).unwrap_err().to_string();
         // Every truncation.
         for cut in [0, 1, 5, 21, packed.len() / 2, packed.len() - 1] {
             let msg = e(&mut d, &packed[..cut], 4, &mut out);

@@ -33,8 +33,13 @@ pub enum DataKind {
 
 impl DataKind {
     /// Every kind, in table order.
-    pub const ALL: [DataKind; 5] =
-        [DataKind::Random, DataKind::Bf16Trained, DataKind::Fp32Trained, DataKind::ReluActivations, DataKind::Int8Weights];
+    pub const ALL: [DataKind; 5] = [
+        DataKind::Random,
+        DataKind::Bf16Trained,
+        DataKind::Fp32Trained,
+        DataKind::ReluActivations,
+        DataKind::Int8Weights,
+    ];
 
     /// The name in output and on the command line.
     pub fn name(self) -> &'static str {
@@ -94,7 +99,12 @@ struct Layer {
 impl Layer {
     fn new(n_in: usize, n_out: usize, rng: &mut Rng) -> Self {
         let bound = (6.0 / n_in as f32).sqrt(); // Kaiming uniform for ReLU
-        Self { w: (0..n_in * n_out).map(|_| (rng.uniform() * 2.0 - 1.0) * bound).collect(), b: vec![0.0; n_out], n_in, n_out }
+        Self {
+            w: (0..n_in * n_out).map(|_| (rng.uniform() * 2.0 - 1.0) * bound).collect(),
+            b: vec![0.0; n_out],
+            n_in,
+            n_out,
+        }
     }
 
     fn forward(&self, x: &[f32], batch: usize, relu: bool) -> Vec<f32> {
@@ -169,7 +179,11 @@ impl Mlp {
     /// `n_in → hidden → hidden → classes`, Kaiming-uniform initialised.
     pub fn new(n_in: usize, hidden: usize, classes: usize, seed: u64) -> Self {
         let mut rng = Rng(seed | 1);
-        let layers = vec![Layer::new(n_in, hidden, &mut rng), Layer::new(hidden, hidden, &mut rng), Layer::new(hidden, classes, &mut rng)];
+        let layers = vec![
+            Layer::new(n_in, hidden, &mut rng),
+            Layer::new(hidden, hidden, &mut rng),
+            Layer::new(hidden, classes, &mut rng),
+        ];
         let centres = (0..classes * n_in).map(|_| rng.normal()).collect();
         Self { layers, rng, centres, classes, n_in, steps: 0 }
     }

@@ -263,7 +263,10 @@ impl Link {
             run(&["ip", "-n", &ns[i], "addr", "add", me, "peer", peer, "dev", &dev[i]])?;
             run(&["ip", "-n", &ns[i], "link", "set", &dev[i], "up"])?;
             run(&["ip", "-n", &ns[i], "link", "set", "lo", "up"])?;
-            run(&["tc", "-n", &ns[i], "qdisc", "add", "dev", &dev[i], "root", "tbf", "rate", &rate, "burst", &burst, "limit", &limit])?;
+            run(&[
+                "tc", "-n", &ns[i], "qdisc", "add", "dev", &dev[i], "root", "tbf", "rate", &rate, "burst", &burst,
+                "limit", &limit,
+            ])?;
         }
         let [fa, fb] = files;
         let (fa2, fb2) = (dup(&fa)?, dup(&fb)?);
@@ -481,6 +484,11 @@ mod tests {
         let after = namespaces();
         assert!(!after.contains(&ns[0]) && !after.contains(&ns[1]), "left behind: {after:?}");
         // Other processes may add namespaces meanwhile; none of ours remains.
-        assert!(after.iter().filter(|n| n.starts_with("tw") && !before.contains(n)).all(|n| !n.starts_with(&ns[0][..ns[0].len() - 2])));
+        assert!(
+            after
+                .iter()
+                .filter(|n| n.starts_with("tw") && !before.contains(n))
+                .all(|n| !n.starts_with(&ns[0][..ns[0].len() - 2]))
+        );
     }
 }

@@ -52,7 +52,11 @@ pub struct WanArgs {
     #[arg(long = "compress", value_delimiter = ',', default_value = "none,zstd+shuffle,planes,auto")]
     pub compress: Vec<String>,
     /// WAN: data kinds.
-    #[arg(long, value_delimiter = ',', default_value = "random,bf16-trained,fp32-trained,relu-activations,int8-weights")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "random,bf16-trained,fp32-trained,relu-activations,int8-weights"
+    )]
     pub data: Vec<DataKind>,
     /// WAN: hidden width of the trained MLP (fp32 weights ≈ 4·(256·H + H²) bytes; 2048: 18 MiB).
     #[arg(long, default_value_t = 2048)]
@@ -247,7 +251,8 @@ fn make_data(a: &WanArgs) -> Result<Dataset, BoxError> {
 
 async fn connect(url: &str, compress: &str) -> Result<Client, BoxError> {
     let (compression, shuffle) = encoding_of(compress)?;
-    let mut config = ClientConfig { encoding: Encoding { compression, shuffle, ..Encoding::default() }, ..ClientConfig::default() };
+    let mut config =
+        ClientConfig { encoding: Encoding { compression, shuffle, ..Encoding::default() }, ..ClientConfig::default() };
     config.transport.tls.insecure_skip_verify_dangerous = !url.contains("pin-sha256") && url.starts_with("quic");
     Ok(Client::connect_with(url, config).await?)
 }
@@ -271,7 +276,11 @@ fn measure_rows(link: &Link, servers: &Servers, ds: &Dataset, a: &WanArgs) -> Re
     let stats = link.stats_arc();
     let rate = link.spec().bytes_per_sec();
     let h = link.spawn_in(Side::A, move || -> Result<Vec<Row>, String> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
         rt.block_on(async move {
             let mut rows = vec![];
             let timed = |c: Client, t: Tensor, base: Option<Tensor>| {
@@ -396,14 +405,23 @@ fn print_rows(rows: &[Row], json: bool) {
 /// Prints the best lossless ratio we measured on the trained weights next to ZipNN's.
 fn print_zipnn(rows: &[Row], json: bool) {
     for (data, zipnn) in [("bf16-trained", ZIPNN_BF16), ("fp32-trained", ZIPNN_FP32)] {
-        let best = rows.iter().filter(|r| r.data == data && r.compress != "none").map(|r| r.compression_ratio).fold(0.0, f64::max);
+        let best = rows
+            .iter()
+            .filter(|r| r.data == data && r.compress != "none")
+            .map(|r| r.compression_ratio)
+            .fold(0.0, f64::max);
         if best == 0.0 {
             continue;
         }
         if json {
-            println!("{}", serde_json::json!({"data": data, "best_compression_ratio": best, "zipnn_published_ratio": zipnn}));
+            println!(
+                "{}",
+                serde_json::json!({"data": data, "best_compression_ratio": best, "zipnn_published_ratio": zipnn})
+            );
         } else {
-            println!("{data}: best ratio on the wire {best:.2}x; ZipNN's published figure ~{zipnn}x (arXiv 2411.05239)");
+            println!(
+                "{data}: best ratio on the wire {best:.2}x; ZipNN's published figure ~{zipnn}x (arXiv 2411.05239)"
+            );
         }
     }
 }
@@ -420,7 +438,8 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     let ds = make_data(&a)?;
     let link = Link::up(spec).map_err(|e| format!("cannot set up the emulated link: {e}"))?;
     let servers = start_servers(&link, &a.link_transports)?;
-    let ceiling_bytes = 64 << 20;
+    // The ceiling moves as many bytes as a row (--link-size).
+    let ceiling_bytes = parse_size(&a.link_size)?;
     let before = link.stats().bytes_a_to_b();
     let raw_secs = raw_tcp(&link, ceiling_bytes)?;
     let raw_wire = (link.stats().bytes_a_to_b() - before) / 2;
@@ -433,7 +452,8 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
         );
     } else {
         println!(
-            "link {spec} (netns + TUN relay + tbf): raw TCP socket, 64 MiB: {raw_secs:.2} s, link utilisation {:.0}% (the ceiling)",
+            "link {spec} (netns + TUN relay + tbf): raw TCP socket, {} MiB: {raw_secs:.2} s, link utilisation {:.0}% (the ceiling)",
+            ceiling_bytes >> 20,
             raw_util * 100.0
         );
     }

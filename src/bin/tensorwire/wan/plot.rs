@@ -84,12 +84,7 @@ pub fn svg(rows: &[Row], link: &str) -> String {
         }
         let cx = x0 + bar * comps.len() as f64 / 2.0;
         let ly = top + plot_h + 12.0;
-        let _ = writeln!(
-            s,
-            r#"<text transform="translate({cx:.1},{ly:.1}) rotate(45)">{} {}</text>"#,
-            esc(t),
-            esc(d)
-        );
+        let _ = writeln!(s, r#"<text transform="translate({cx:.1},{ly:.1}) rotate(45)">{} {}</text>"#, esc(t), esc(d));
     }
     for (c, comp) in comps.iter().enumerate() {
         let ly = top + 14.0 * c as f64;
