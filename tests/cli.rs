@@ -137,15 +137,14 @@ fn send_delta_stores_the_new_version_and_names_a_wrong_base() {
     };
     let (p1, t1) = write("v1.safetensors", v1);
     let (p2, t2) = write("v2.safetensors", v2);
-    run_ok(&["send", "--to", &url, "--file", &p1, "--name", "w"]);
+    // A safetensors file's tensors go by their keys (here "w").
+    run_ok(&["send", "--to", &url, "--file", &p1]);
     let sent = last_json(&run_ok(&[
         "send",
         "--to",
         &url,
         "--file",
         &p2,
-        "--name",
-        "w",
         "--delta",
         &p1,
         "--compress",
@@ -153,12 +152,12 @@ fn send_delta_stores_the_new_version_and_names_a_wrong_base() {
         "--shuffle",
         "--json",
     ]));
-    assert_eq!(sent["crc32c"], t2.crc32c().unwrap());
+    assert_eq!(sent["crc32c"], format!("{:08x}", t2.crc32c().unwrap()));
     let fetched = last_json(&run_ok(&["fetch", "--from", &url, "--name", "w", "--json"]));
     assert_eq!(fetched["crc32c"], sent["crc32c"], "the store holds the new version, bit-exact");
     assert_eq!(fetched["dtype"], DType::Float32.name());
     // The server now holds v2: a delta against v1 names v1's hash and changes nothing.
-    let out = bin().args(["send", "--to", &url, "--file", &p2, "--name", "w", "--delta", &p1]).output().unwrap();
+    let out = bin().args(["send", "--to", &url, "--file", &p2, "--delta", &p1]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&ContentHash::of(&t1).unwrap().to_string()), "{err}");

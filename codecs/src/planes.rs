@@ -219,8 +219,8 @@ pub(crate) fn decode(
 
 #[cfg(all(test, feature = "zstd"))]
 mod tests {
-    use crate::planes::{PLANE_ZSTD_LEVEL, decode, encode};
     use crate::error::DecodeError;
+    use crate::planes::{PLANE_ZSTD_LEVEL, decode, encode};
 
     /// The encoder and decoder with their own zstd contexts (the
     /// `Compressor`/`Decompressor` route is tested in `compress`).

@@ -45,7 +45,7 @@ pub struct WanArgs {
     /// (e.g. 100mbit,40ms,0.1%) instead of the loopback benchmark. Needs root.
     #[arg(long)]
     pub link: Option<LinkSpec>,
-    /// WAN: transports (tcp, quic-cubic, quic-bbr, grpc).
+    /// WAN: transports (tcp, quic-cubic, quic-bbr, grpc; tcp and grpc use --tcp-congestion).
     #[arg(long, value_delimiter = ',', default_value = "tcp,quic-cubic,quic-bbr,grpc")]
     pub link_transports: Vec<String>,
     /// WAN: compressions (none, lz4, zstd, zstd+shuffle, lz4+shuffle, planes, auto).
@@ -70,6 +70,10 @@ pub struct WanArgs {
     /// WAN: also run the delta row (checkpoint 100 steps later vs the previous).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub delta: bool,
+    /// WAN: TCP congestion controller in both namespaces (cubic, bbr, reno;
+    /// the host's default otherwise applies, which may be either).
+    #[arg(long, default_value = "cubic")]
+    pub tcp_congestion: String,
     /// WAN: draw the table as an SVG chart to this file.
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
@@ -123,7 +127,10 @@ struct Servers {
     _threads: Vec<ServerThread>,
 }
 
-fn start_servers(link: &Link, transports: &[String]) -> Result<Servers, BoxError> {
+/// Starts one server per transport; TCP-based rows are labelled with the
+/// TCP congestion controller (`tcp-cubic`, `grpc-cubic`).
+fn start_servers(link: &Link, transports: &[String], tcp_cc: &str) -> Result<Servers, BoxError> {
+    let tcp_cc = tcp_cc.to_string();
     let addr = link.addr(Side::B).to_string();
     let transports = transports.to_vec();
     let h = link.spawn_in(Side::B, move || -> Result<Servers, String> {
@@ -145,7 +152,8 @@ fn start_servers(link: &Link, transports: &[String]) -> Result<Servers, BoxError
                 let sep = if client_url.contains('?') { '&' } else { '?' };
                 client_url = format!("{client_url}{sep}congestion={cc}");
             }
-            urls.push((t.clone(), client_url));
+            let label = if scheme == "quic" { t.clone() } else { format!("{t}-{tcp_cc}") };
+            urls.push((label, client_url));
             threads.push(st);
         }
         Ok(Servers { urls, _threads: threads })
@@ -437,7 +445,8 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     }
     let ds = make_data(&a)?;
     let link = Link::up(spec).map_err(|e| format!("cannot set up the emulated link: {e}"))?;
-    let servers = start_servers(&link, &a.link_transports)?;
+    link.set_tcp_congestion(&a.tcp_congestion)?;
+    let servers = start_servers(&link, &a.link_transports, &a.tcp_congestion)?;
     // The ceiling moves as many bytes as a row (--link-size).
     let ceiling_bytes = parse_size(&a.link_size)?;
     let before = link.stats().bytes_a_to_b();
@@ -447,12 +456,13 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     if json {
         println!(
             "{}",
-            serde_json::json!({"link": spec.to_string(), "ceiling": "raw tcp socket", "bytes": ceiling_bytes,
+            serde_json::json!({"link": spec.to_string(), "tcp_congestion": a.tcp_congestion, "ceiling": "raw tcp socket", "bytes": ceiling_bytes,
                 "seconds": raw_secs, "link_utilisation": raw_util})
         );
     } else {
         println!(
-            "link {spec} (netns + TUN relay + tbf): raw TCP socket, {} MiB: {raw_secs:.2} s, link utilisation {:.0}% (the ceiling)",
+            "link {spec} (netns + TUN relay + tbf), TCP {}: raw TCP socket, {} MiB: {raw_secs:.2} s, link utilisation {:.0}% (the ceiling)",
+            a.tcp_congestion,
             ceiling_bytes >> 20,
             raw_util * 100.0
         );
