@@ -285,15 +285,6 @@ impl Link {
         self.threads.push(std::thread::spawn(move || write_side(to, rx, &stop)));
     }
 
-    /// Sets the TCP congestion controller of both namespaces (a per-namespace
-    /// sysctl; new namespaces start with the host's default).
-    pub fn set_tcp_congestion(&self, cc: &str) -> Result<(), String> {
-        for ns in &self.ns {
-            run(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", &format!("net.ipv4.tcp_congestion_control={cc}")])?;
-        }
-        Ok(())
-    }
-
     /// The link's parameters.
     pub fn spec(&self) -> LinkSpec {
         self.spec

@@ -45,7 +45,7 @@ pub struct WanArgs {
     /// (e.g. 100mbit,40ms,0.1%) instead of the loopback benchmark. Needs root.
     #[arg(long)]
     pub link: Option<LinkSpec>,
-    /// WAN: transports (tcp, quic-cubic, quic-bbr, grpc; tcp and grpc use --tcp-congestion).
+    /// WAN: transports (tcp, quic-cubic, quic-bbr, grpc; tcp uses --tcp-congestion, grpc the system default).
     #[arg(long, value_delimiter = ',', default_value = "tcp,quic-cubic,quic-bbr,grpc")]
     pub link_transports: Vec<String>,
     /// WAN: compressions (none, lz4, zstd, zstd+shuffle, lz4+shuffle, planes, auto).
@@ -70,8 +70,8 @@ pub struct WanArgs {
     /// WAN: also run the delta row (checkpoint 100 steps later vs the previous).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub delta: bool,
-    /// WAN: TCP congestion controller in both namespaces (cubic, bbr, reno;
-    /// the host's default otherwise applies, which may be either).
+    /// WAN: TCP congestion controller of the tcp rows (`tcp://…?congestion=`:
+    /// cubic, bbr, reno; gRPC's sockets keep the system default).
     #[arg(long, default_value = "cubic")]
     pub tcp_congestion: String,
     /// WAN: draw the table as an SVG chart to this file.
@@ -127,8 +127,14 @@ struct Servers {
     _threads: Vec<ServerThread>,
 }
 
-/// Starts one server per transport; TCP-based rows are labelled with the
-/// TCP congestion controller (`tcp-cubic`, `grpc-cubic`).
+/// The system's default TCP congestion controller (new namespaces start with it).
+fn default_tcp_congestion() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map_or_else(|_| "?".into(), |s| s.trim().into())
+}
+
+/// Starts one server per transport; TCP-based rows are labelled with their
+/// congestion controller (`tcp-cubic`; gRPC: the system default, `grpc-bbr`).
 fn start_servers(link: &Link, transports: &[String], tcp_cc: &str) -> Result<Servers, BoxError> {
     let tcp_cc = tcp_cc.to_string();
     let addr = link.addr(Side::B).to_string();
@@ -142,7 +148,10 @@ fn start_servers(link: &Link, transports: &[String], tcp_cc: &str) -> Result<Ser
                 q if q.starts_with("quic") => "quic",
                 other => return Err(format!("unknown WAN transport {other:?} (tcp, quic-cubic, quic-bbr, grpc)")),
             };
-            let url = format!("{scheme}://{addr}:{}", 7300 + i);
+            let mut url = format!("{scheme}://{addr}:{}", 7300 + i);
+            if scheme == "tcp" {
+                url = format!("{url}?congestion={tcp_cc}");
+            }
             let st = ServerThread::start(&url, 2, || {
                 Server::builder().service(StoreService::new(tensorwire::DEFAULT_MAX_STORE_BYTES))
             })
@@ -152,7 +161,15 @@ fn start_servers(link: &Link, transports: &[String], tcp_cc: &str) -> Result<Ser
                 let sep = if client_url.contains('?') { '&' } else { '?' };
                 client_url = format!("{client_url}{sep}congestion={cc}");
             }
-            let label = if scheme == "quic" { t.clone() } else { format!("{t}-{tcp_cc}") };
+            let label = match scheme {
+                "quic" => t.clone(),
+                "tcp" => format!("tcp-{tcp_cc}"),
+                _ => format!("{t}-{}", default_tcp_congestion()),
+            };
+            if scheme == "tcp" && !client_url.contains("congestion=") {
+                let sep = if client_url.contains('?') { '&' } else { '?' };
+                client_url = format!("{client_url}{sep}congestion={tcp_cc}");
+            }
             urls.push((label, client_url));
             threads.push(st);
         }
@@ -161,10 +178,29 @@ fn start_servers(link: &Link, transports: &[String], tcp_cc: &str) -> Result<Ser
     Ok(h.join().map_err(|_| "server thread panicked")???)
 }
 
+fn set_tcp_congestion(s: &std::net::TcpStream, cc: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TCP_CONGESTION reads `len` bytes of the name from a valid pointer.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Raw TCP over the link: a plain socket writing `bytes` in 1 MiB writes,
 /// read to the end on the other side, which answers one byte. Returns the
 /// seconds until that byte arrives (the same end point as a `send`).
-fn raw_tcp(link: &Link, bytes: usize) -> Result<f64, BoxError> {
+fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
+    let cc = cc.to_string();
     let addr = format!("{}:7299", link.addr(Side::B));
     let listen = addr.clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -187,6 +223,7 @@ fn raw_tcp(link: &Link, bytes: usize) -> Result<f64, BoxError> {
         for _ in 0..2 {
             let mut s = std::net::TcpStream::connect(&addr)?;
             s.set_nodelay(true)?;
+            set_tcp_congestion(&s, &cc)?;
             let t = Instant::now();
             let mut left = bytes;
             while left > 0 {
@@ -445,12 +482,11 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     }
     let ds = make_data(&a)?;
     let link = Link::up(spec).map_err(|e| format!("cannot set up the emulated link: {e}"))?;
-    link.set_tcp_congestion(&a.tcp_congestion)?;
     let servers = start_servers(&link, &a.link_transports, &a.tcp_congestion)?;
     // The ceiling moves as many bytes as a row (--link-size).
     let ceiling_bytes = parse_size(&a.link_size)?;
     let before = link.stats().bytes_a_to_b();
-    let raw_secs = raw_tcp(&link, ceiling_bytes)?;
+    let raw_secs = raw_tcp(&link, ceiling_bytes, &a.tcp_congestion)?;
     let raw_wire = (link.stats().bytes_a_to_b() - before) / 2;
     let raw_util = raw_wire as f64 / raw_secs / spec.bytes_per_sec();
     if json {
