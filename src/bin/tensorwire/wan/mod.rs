@@ -197,8 +197,10 @@ fn set_tcp_congestion(s: &std::net::TcpStream, cc: &str) -> std::io::Result<()> 
 }
 
 /// Raw TCP over the link: a plain socket writing `bytes` in 1 MiB writes,
-/// read to the end on the other side, which answers one byte. Returns the
-/// seconds until that byte arrives (the same end point as a `send`).
+/// read by the other side, which answers one byte per `bytes` received.
+/// Twice on one connection, as the rows do (once to warm up, i.e. to leave
+/// slow start, once timed); returns the seconds of the second copy until
+/// its answer arrives (the same end point as a `send`).
 fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
     let cc = cc.to_string();
     let addr = format!("{}:7299", link.addr(Side::B));
@@ -207,10 +209,17 @@ fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
     let server = link.spawn_in(Side::B, move || -> std::io::Result<()> {
         let l = std::net::TcpListener::bind(&listen)?;
         let _ = ready_tx.send(());
+        let (mut s, _) = l.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
         for _ in 0..2 {
-            let (mut s, _) = l.accept()?;
-            let mut buf = vec![0u8; 1 << 20];
-            while s.read(&mut buf)? > 0 {}
+            let mut left = bytes;
+            while left > 0 {
+                let n = s.read(&mut buf[..left.min(1 << 20)])?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                left -= n;
+            }
             s.write_all(&[1])?;
         }
         Ok(())
@@ -218,12 +227,11 @@ fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
     ready_rx.recv().map_err(|_| "raw TCP server failed to start")?;
     let client = link.spawn_in(Side::A, move || -> std::io::Result<f64> {
         let buf = vec![7u8; 1 << 20];
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        s.set_nodelay(true)?;
+        set_tcp_congestion(&s, &cc)?;
         let mut secs = 0.0;
-        // Once to warm up (slow start), once timed.
         for _ in 0..2 {
-            let mut s = std::net::TcpStream::connect(&addr)?;
-            s.set_nodelay(true)?;
-            set_tcp_congestion(&s, &cc)?;
             let t = Instant::now();
             let mut left = bytes;
             while left > 0 {
@@ -231,7 +239,6 @@ fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
                 s.write_all(&buf[..n])?;
                 left -= n;
             }
-            s.shutdown(std::net::Shutdown::Write)?;
             let mut one = [0u8; 1];
             s.read_exact(&mut one)?;
             secs = t.elapsed().as_secs_f64();
