@@ -94,6 +94,7 @@ fn memcpy_and_codecs(c: &mut Criterion) {
             ("zstd1", Compression::Zstd(1), 0),
             ("zstd1+shuffle", Compression::Zstd(1), 4),
             ("zstd3+shuffle", Compression::Zstd(3), 4),
+            ("planes", Compression::Planes, 4),
         ] {
             let mut cz = Compressor::new();
             let packed: Vec<Option<Vec<u8>>> =

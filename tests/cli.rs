@@ -114,3 +114,53 @@ fn sizes_the_process_cannot_allocate_are_clear_errors_not_aborts() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot allocate"), "{err}");
 }
+
+#[test]
+fn send_delta_stores_the_new_version_and_names_a_wrong_base() {
+    use tensorwire::codecs::delta::ContentHash;
+    use tensorwire::codecs::safetensors;
+    use tensorwire::{DType, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix://{}", dir.path().join("delta.sock").display());
+    let _server = serve(&url);
+    let v1: Vec<f32> = (0..100_000).map(|i| (i as f32 * 0.37).sin() * 0.05).collect();
+    let mut v2 = v1.clone();
+    for x in v2.iter_mut().step_by(40) {
+        *x += 1e-3;
+    }
+    let write = |name: &str, v: Vec<f32>| {
+        let t = Tensor::from_vec([v.len()], v).unwrap();
+        let path = dir.path().join(name);
+        let segs = safetensors::save(&[("w".into(), t.clone())], None).unwrap();
+        std::fs::write(&path, segs.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>()).unwrap();
+        (path.to_str().unwrap().to_string(), t)
+    };
+    let (p1, t1) = write("v1.safetensors", v1);
+    let (p2, t2) = write("v2.safetensors", v2);
+    // A safetensors file's tensors go by their keys (here "w").
+    run_ok(&["send", "--to", &url, "--file", &p1]);
+    let sent = last_json(&run_ok(&[
+        "send",
+        "--to",
+        &url,
+        "--file",
+        &p2,
+        "--delta",
+        &p1,
+        "--compress",
+        "zstd",
+        "--shuffle",
+        "--json",
+    ]));
+    assert_eq!(sent["crc32c"], format!("{:08x}", t2.crc32c().unwrap()));
+    let fetched = last_json(&run_ok(&["fetch", "--from", &url, "--name", "w", "--json"]));
+    assert_eq!(fetched["crc32c"], sent["crc32c"], "the store holds the new version, bit-exact");
+    assert_eq!(fetched["dtype"], DType::Float32.name());
+    // The server now holds v2: a delta against v1 names v1's hash and changes nothing.
+    let out = bin().args(["send", "--to", &url, "--file", &p2, "--delta", &p1]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&ContentHash::of(&t1).unwrap().to_string()), "{err}");
+    let again = last_json(&run_ok(&["fetch", "--from", &url, "--name", "w", "--json"]));
+    assert_eq!(again["crc32c"], sent["crc32c"]);
+}

@@ -11,6 +11,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("safetensors_load", tensorwire::fuzzing::safetensors_load),
     ("lz4", tensorwire::fuzzing::lz4),
     ("zstd", tensorwire::fuzzing::zstd),
+    ("planes", tensorwire::fuzzing::planes),
+    ("delta", tensorwire::fuzzing::delta),
     ("mux_frames", tensorwire::fuzzing::mux_frames),
     ("reassembly", tensorwire::fuzzing::reassembly),
     ("compat_chunks", tensorwire::fuzzing::compat_chunks),
@@ -86,6 +88,43 @@ fn write_seed_corpus() {
             seed.extend_from_slice(&z);
             put(name, &format!("ramp_shuffle{sh}"), &seed);
         }
+    }
+    // Float planes: weight-like f32, its bf16 top halves, f64, with a tail.
+    let mut x = 0x2545f4914f6cdd1du64;
+    let w: Vec<f32> = (0..3000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect();
+    let f32b: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).chain([1, 2, 3]).collect();
+    let bf16b: Vec<u8> = w.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
+    let f64b: Vec<u8> = w.iter().take(500).flat_map(|&v| (v as f64).to_le_bytes()).collect();
+    for (name, bytes, elem) in [("f32_tail", &f32b, 4u8), ("bf16", &bf16b, 2), ("f64", &f64b, 8)] {
+        let z = c.compress(Compression::Planes, u32::from(elem), bytes).unwrap().unwrap();
+        let n = bytes.len();
+        let mut seed = vec![n as u8, (n >> 8) as u8, (n >> 16) as u8, elem];
+        seed.extend_from_slice(&z);
+        put("planes", name, &seed);
+    }
+    // Deltas: real ones (their headers as metadata lines) that apply: the
+    // fuzz entry's base is the payload P reversed, so the new version is
+    // P XOR reverse(P).
+    for (sel, dtype) in [(0u8, DType::UInt8), (1, DType::Float32), (2, DType::BFloat16)] {
+        let n = 64 / dtype.itemsize();
+        let p: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
+        let base_bytes: Vec<u8> = p.iter().rev().copied().collect();
+        let new_bytes: Vec<u8> = p.iter().zip(&base_bytes).map(|(a, b)| a ^ b).collect();
+        let base = Tensor::new(dtype, [n], base_bytes).unwrap();
+        let d = tensorwire::codecs::delta::encode(&Tensor::new(dtype, [n], new_bytes).unwrap(), &base).unwrap();
+        assert_eq!(d.as_bytes().unwrap(), &p[..]);
+        let meta: String = d.metadata().iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        let mut seed = vec![meta.len() as u8, sel | 4];
+        seed.extend_from_slice(meta.as_bytes());
+        seed.extend_from_slice(&p);
+        put("delta", &format!("{dtype}"), &seed);
     }
     let chunk = |tid: u64, index: u32, offset: u64, total: u64, raw_len: u64, last: bool, info: bool| {
         FrameHeader::new(Kind::Chunk(v1::Chunk {

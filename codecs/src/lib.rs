@@ -54,9 +54,11 @@
 
 pub mod codec;
 pub mod compress;
+pub mod delta;
 pub mod dtype;
 pub mod error;
 pub mod limits;
+pub mod planes;
 pub mod raw;
 mod registry;
 #[cfg(feature = "safetensors")]

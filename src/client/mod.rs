@@ -5,7 +5,8 @@
 //! - [`calls`]: send, fetch and exchange; [`rpc`]: named functions, tasks
 //!   and control calls; [`coalesce`]: stacking concurrent calls of a
 //!   batched function into one; [`gpu`]: device tensors (feature `cuda`);
-//!   [`store`]: whole state dicts, and listing and removing what a server holds.
+//!   [`store`]: whole state dicts, and listing and removing what a server holds;
+//!   [`delta`]: sending and fetching a new version as the difference from a base.
 //! - [`blocking`]: `BlockingClient` for programs without an async runtime.
 //!
 //! May import: `pipeline`, `rpc`, `observe`, `util`, `config`, `error`.
@@ -14,6 +15,7 @@
 pub(crate) mod blocking;
 pub(crate) mod calls;
 pub(crate) mod coalesce;
+pub(crate) mod delta;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 pub(crate) mod rpc;

@@ -299,6 +299,7 @@ impl Client {
         let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement)
             .with_pool(self.inner.pool.clone());
         w.progress = cfg.progress.clone();
+        w.defer_link = kind == StreamKind::Send;
         r.progress = cfg.progress.clone();
         Ok((w, r))
     }
@@ -459,6 +460,7 @@ pub(crate) async fn send_summary(
     let out = read_outputs(r).await;
     c.count_received(r);
     let (_, reply) = out?;
+    w.record_call();
     Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
 }
 

@@ -68,6 +68,50 @@ pub fn zstd(data: &[u8]) {
     decompress(data, Compression::Zstd(3));
 }
 
+/// The float-plane decoder: the first 3 bytes are the declared output
+/// size (little-endian, below 1 MiB), the 4th the element size from the
+/// chunk header; the rest is the planes payload.
+pub fn planes(data: &[u8]) {
+    let [a, b, c, s, rest @ ..] = data else { return };
+    let size = (usize::from(*a) | usize::from(*b) << 8 | usize::from(*c) << 16) % (1 << 20);
+    let mut out = vec![0u8; size];
+    let _ = Decompressor::new().decompress(Compression::Planes, u32::from(*s), rest, &mut out);
+}
+
+/// The delta header parser and [`delta::apply`](tensorwire_codecs::delta::apply):
+/// byte 0 is the length of a `key=value` line block that becomes the
+/// delta's metadata, byte 1 picks the dtype (bits 0–1) and whether the
+/// base hash is set to the real one (bit 2, to get past the hash check);
+/// the rest is the delta payload, and the base is that payload reversed.
+pub fn delta(data: &[u8]) {
+    use tensorwire_codecs::delta::{self, ContentHash, KEY_BASE};
+    use tensorwire_codecs::{DType, Tensor};
+    let [m, sel, rest @ ..] = data else { return };
+    let (meta, payload) = rest.split_at(usize::from(*m).min(rest.len()));
+    let dtype = [DType::UInt8, DType::Float32, DType::BFloat16, DType::Float64][usize::from(*sel & 3)];
+    let n = payload.len() / dtype.itemsize();
+    let payload = &payload[..n * dtype.itemsize()];
+    let base_bytes: Vec<u8> = payload.iter().rev().copied().collect();
+    let (Ok(mut d), Ok(base)) =
+        (Tensor::new(dtype, [n], Bytes::copy_from_slice(payload)), Tensor::new(dtype, [n], Bytes::from(base_bytes)))
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(meta).lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            d.metadata_mut().insert(k.to_string(), v.to_string());
+        }
+    }
+    if *sel & 4 != 0
+        && let Ok(h) = ContentHash::of(&base)
+    {
+        d.metadata_mut().insert(KEY_BASE.to_string(), h.to_string());
+    }
+    if let Ok(t) = delta::apply(&d, &base) {
+        assert_eq!(t.nbytes(), base.nbytes());
+    }
+}
+
 /// The mux frame decoder, driven two ways: whole frames from a buffer fed
 /// in two arbitrary splits ([`Decoder::decode`]), and the way the
 /// connection's reader drives it (`transports/src/mux/reader.rs`): heads

@@ -3,6 +3,10 @@
 use tensorwire_codecs::{CodecKind, Compression, DType, Device, TensorInfo};
 use tensorwire_proto::v1;
 
+/// The handshake feature (`Welcome.features`) of a service that applies
+/// delta tensors (`tensorwire_codecs::delta`).
+pub(crate) const FEATURE_DELTA: &str = "delta";
+
 /// The wire protocol version.
 pub const PROTOCOL_VERSION: u32 = tensorwire_proto::PROTOCOL_VERSION;
 
@@ -85,6 +89,7 @@ pub fn compression_to_wire(c: Compression) -> v1::Compression {
         Compression::None => v1::Compression::None,
         Compression::Lz4 => v1::Compression::Lz4,
         Compression::Zstd(_) => v1::Compression::Zstd,
+        Compression::Planes => v1::Compression::Planes,
     }
 }
 
@@ -94,7 +99,8 @@ pub fn compression_from_wire(v: i32) -> Result<Compression, String> {
         Ok(v1::Compression::None | v1::Compression::Unspecified) => Ok(Compression::None),
         Ok(v1::Compression::Lz4) => Ok(Compression::Lz4),
         Ok(v1::Compression::Zstd) => Ok(Compression::Zstd(3)),
-        Err(_) => Err(format!("unknown compression value {v} (known: none=1, lz4=2, zstd=3)")),
+        Ok(v1::Compression::Planes) => Ok(Compression::Planes),
+        Err(_) => Err(format!("unknown compression value {v} (known: none=1, lz4=2, zstd=3, planes=4)")),
     }
 }
 

@@ -30,6 +30,13 @@ pub(crate) struct FrameWriter {
     next_tensor_id: u64,
     compressor: Compressor,
     link: Option<Arc<LinkEstimator>>,
+    /// Leave the link estimate to [`FrameWriter::record_call`] (send calls:
+    /// the time until the server's reply is the link's, while a tensor that
+    /// fits in the credit window leaves at memory speed).
+    pub(crate) defer_link: bool,
+    /// Bytes handed to the transport (after compression) and when the first was.
+    wire_bytes: u64,
+    first_sent: Option<Instant>,
     pub(crate) bytes_sent: u64,
     pub(crate) tensors_sent: u64,
     /// Payload bytes are added here as each chunk is handed to the
@@ -62,6 +69,9 @@ impl FrameWriter {
             next_tensor_id: 1,
             compressor: Compressor::new(),
             link,
+            defer_link: false,
+            wire_bytes: 0,
+            first_sent: None,
             bytes_sent: 0,
             tensors_sent: 0,
             progress: None,
@@ -205,12 +215,25 @@ impl FrameWriter {
                 p.fetch_add(raw_len, Ordering::Relaxed);
             }
         }
-        if let Some(link) = &self.link {
+        self.first_sent.get_or_insert(started);
+        self.wire_bytes += wire_bytes;
+        if let Some(link) = &self.link
+            && !self.defer_link
+        {
             link.record(wire_bytes, started.elapsed().as_secs_f64());
         }
         self.bytes_sent += total;
         self.tensors_sent += 1;
         Ok(total)
+    }
+
+    /// Records the whole call in the link estimate: the bytes it put on the
+    /// wire over the time from the first of them until now (call it when
+    /// the peer's reply has arrived).
+    pub(crate) fn record_call(&self) {
+        if let (Some(link), Some(t0)) = (&self.link, self.first_sent) {
+            link.record(self.wire_bytes, t0.elapsed().as_secs_f64());
+        }
     }
 
     /// Payload bytes per chunk: the configured chunk size, within the
@@ -294,6 +317,11 @@ impl FrameWriter {
             CompressionMode::Fixed(c) => {
                 if c == Compression::None || !self.caps.accepts(c) {
                     return (Compression::None, 0);
+                }
+                if c == Compression::Planes {
+                    // Planes carry the element size in the shuffle field.
+                    let elem = if tensorwire_codecs::planes::supports(itemsize) { itemsize } else { 1 };
+                    return (c, elem as u32);
                 }
                 (c, if self.encoding.shuffle && itemsize > 1 { itemsize as u32 } else { 0 })
             }

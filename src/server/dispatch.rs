@@ -13,6 +13,7 @@ use crate::error::{Code, Status};
 use crate::pipeline::link::PeerCaps;
 use crate::pipeline::reader::{FrameReader, Item};
 use crate::pipeline::tensors::{TensorSink, TensorStream, apply_response_encoding};
+use crate::pipeline::wire::FEATURE_DELTA;
 use crate::pipeline::wire::PROTOCOL_VERSION;
 use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
@@ -188,6 +189,7 @@ async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer
             .iter()
             .filter_map(|f| f.batch_limit().map(|n| (f.name().to_string(), n as u32)))
             .collect(),
+        features: if inner.service.supports_delta() { vec![FEATURE_DELTA.to_string()] } else { vec![] },
     };
     let _ = writer.control_last(Kind::Welcome(Box::new(welcome))).await;
 }

@@ -80,6 +80,14 @@ pub trait TensorService: Send + Sync + 'static {
     fn usage(&self) -> Option<StoreUsage> {
         None
     }
+
+    /// True when the service applies delta tensors it is sent and answers
+    /// fetches with `delta_base` (`tensorwire_codecs::delta`); announced in
+    /// the handshake as the feature `"delta"`, so a client never sends a
+    /// delta to a service that would store it as if it were the tensor.
+    fn supports_delta(&self) -> bool {
+        false
+    }
 }
 
 /// A service that counts what it is sent, serves no fetch, and echoes exchanges.

@@ -11,12 +11,23 @@
 //! tensor is named `m`) or `state_dict = m` returns the tensors in that
 //! order, each storage once (tied weights and views stay shared). The
 //! catalog beside the tensors (`catalog.rs`) records state dicts and ages.
+//!
+//! **Deltas** (`tensorwire_codecs::delta`). A sent tensor carrying a delta
+//! header is applied to the tensor stored under its name (the base its hash
+//! must match) and the result, checked by CRC-32C, is stored. When a named
+//! tensor is replaced, the version it replaces is kept as a *base* so that a
+//! client still holding it can `fetch` with `delta_base = HASH` and receive
+//! only the difference. Bases count against the store's byte budget and are
+//! the first thing dropped when room is needed (they are a cache: losing one
+//! only means the next delta fetch fails with the base hash named, and the
+//! client fetches whole). State dicts keep no bases.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use async_trait::async_trait;
+use tensorwire_codecs::delta::{self, ContentHash, DeltaError, DeltaHeader};
 use tensorwire_codecs::{DType, Tensor};
 
 use crate::error::Status;
@@ -73,6 +84,10 @@ pub struct StoreService {
     last_used: Mutex<HashMap<String, u64>>,
     tick: AtomicU64,
     evicted: AtomicU64,
+    /// The version each named tensor replaced, kept as a delta base.
+    bases: Mutex<HashMap<String, Tensor>>,
+    /// Bytes held by `bases` (within `max_bytes` together with `used`).
+    base_bytes: AtomicU64,
 }
 
 impl StoreService {
@@ -93,7 +108,61 @@ impl StoreService {
             last_used: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            bases: Mutex::new(HashMap::new()),
+            base_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Drops every kept delta base; returns the bytes freed.
+    fn drop_bases(&self) -> u64 {
+        let mut b = lock(&self.bases);
+        b.clear();
+        self.base_bytes.swap(0, Ordering::AcqRel)
+    }
+
+    /// Drops the delta base kept for `name`.
+    fn drop_base(&self, name: &str) {
+        if let Some(t) = lock(&self.bases).remove(name) {
+            self.base_bytes.fetch_sub(t.nbytes() as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// Bytes held as delta bases (the versions stored tensors replaced).
+    pub fn base_bytes(&self) -> u64 {
+        self.base_bytes.load(Ordering::Acquire)
+    }
+
+    /// The tensor `t` stands for: itself, or when it is a delta, the delta
+    /// applied to the tensor stored as `name` (its base).
+    fn resolve(&self, name: &str, t: Tensor) -> Result<Tensor, Status> {
+        let Some(h) = DeltaHeader::of(&t).map_err(|e| Status::invalid_argument(format!("{name:?}: {e}")))? else {
+            return Ok(t);
+        };
+        let base = read(&self.tensors)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| delta_status(name, DeltaError::MissingBase { name: name.to_string(), expected: h.base }))?;
+        delta::apply(&t, &base).map_err(|e| delta_status(name, e))
+    }
+
+    /// `name` as a delta against the base whose hash is `base_hex`: the
+    /// stored tensor when it has that hash (an all-zero delta), else the
+    /// version it replaced when that has it.
+    fn delta_for(&self, name: &str, base_hex: &str) -> Result<Tensor, Status> {
+        let want: ContentHash = base_hex.parse().map_err(|e: DeltaError| Status::invalid_argument(e.to_string()))?;
+        let current = self.get(name).ok_or_else(|| self.missing(name))?;
+        let hash = |t: &Tensor| ContentHash::of(t).map_err(|e| Status::invalid_argument(e.to_string()));
+        let base = if hash(&current)? == want {
+            current.clone()
+        } else {
+            match lock(&self.bases).get(name).cloned() {
+                Some(b) if hash(&b)? == want => b,
+                _ => {
+                    return Err(delta_status(name, DeltaError::MissingBase { name: name.to_string(), expected: want }));
+                }
+            }
+        };
+        delta::encode(&current, &base).map_err(|e| delta_status(name, e))
     }
 
     fn touch(&self, name: &str) {
@@ -146,6 +215,7 @@ impl StoreService {
                     self.used.fetch_sub(b, Ordering::AcqRel);
                     self.evicted.fetch_add(1, Ordering::Relaxed);
                     self.catalog.forget(&n);
+                    self.drop_base(&n);
                     lock(&self.last_used).remove(&n);
                     tracing::debug!(name = %n, bytes = b, "evicted from the store");
                 }
@@ -165,6 +235,10 @@ impl StoreService {
         let mut map = write(&self.tensors);
         let freed = map.get(&name).map_or(0, |old| old.nbytes() as u64);
         let over = |used: u64| (used - freed).saturating_add(n).saturating_sub(self.max_bytes);
+        // Delta bases are a cache: they make room before anything stored does.
+        if over(self.used.load(Ordering::Acquire) + self.base_bytes()) > 0 {
+            self.drop_bases();
+        }
         let short = over(self.used.load(Ordering::Acquire));
         if short > 0 && self.policy == EvictPolicy::Lru && n <= self.max_bytes {
             self.evict(&mut map, short, Some(&name));
@@ -178,8 +252,17 @@ impl StoreService {
         }
         self.catalog.stored(&name);
         self.touch(&name);
-        map.insert(name, t);
-        self.used.store(used - freed + n, Ordering::Release);
+        let replaced = map.insert(name.clone(), t);
+        let used = used - freed + n;
+        self.used.store(used, Ordering::Release);
+        self.drop_base(&name);
+        if let Some(old) = replaced {
+            let b = old.nbytes() as u64;
+            if used + self.base_bytes() + b <= self.max_bytes {
+                lock(&self.bases).insert(name, old);
+                self.base_bytes.fetch_add(b, Ordering::AcqRel);
+            }
+        }
         Ok(())
     }
 
@@ -337,6 +420,7 @@ impl TensorService for StoreService {
             };
             s.received += 1;
             s.bytes += t.nbytes() as u64;
+            let t = self.resolve(&name, t)?;
             self.put(name.clone(), t)?;
             names.push(name);
         }
@@ -348,6 +432,9 @@ impl TensorService for StoreService {
         if let Some(name) = req.get("state_dict") {
             let sd = self.get_state_dict(name).ok_or_else(|| self.missing(name))?;
             return out.send_state_dict(&sd.into_iter().map(|(_, t)| t).collect::<Vec<_>>()).await;
+        }
+        if let (Some(name), Some(base)) = (req.get("name"), req.get("delta_base")) {
+            return out.send(self.delta_for(name, base)?).await;
         }
         if let Some(name) = req.get("name") {
             if let Some(t) = self.get(name) {
@@ -431,17 +518,23 @@ impl TensorService for StoreService {
                 removed.push(self.stored(&n, &t));
                 self.used.fetch_sub(t.nbytes() as u64, Ordering::AcqRel);
             }
+            self.drop_base(&n);
             self.catalog.forget(&n);
         }
         Ok(removed)
     }
 
     fn reclaim(&self, wanted: u64) -> u64 {
-        if self.policy != EvictPolicy::Lru {
-            return 0;
+        let freed = self.drop_bases();
+        if self.policy != EvictPolicy::Lru || freed >= wanted {
+            return freed;
         }
         let mut map = write(&self.tensors);
-        self.evict(&mut map, wanted, None)
+        freed + self.evict(&mut map, wanted - freed, None)
+    }
+
+    fn supports_delta(&self) -> bool {
+        true
     }
 
     fn usage(&self) -> Option<StoreUsage> {
@@ -451,6 +544,18 @@ impl TensorService for StoreService {
             bytes: self.used.load(Ordering::Acquire),
             max_bytes: self.max_bytes,
         })
+    }
+}
+
+/// The status of a delta that cannot be applied or made: the base hash is
+/// in the message (wrong or missing base: FAILED_PRECONDITION, so the
+/// client knows to send or fetch whole; corrupt: DATA_LOSS).
+fn delta_status(name: &str, e: DeltaError) -> Status {
+    let msg = format!("{name:?}: {e}");
+    match e {
+        DeltaError::Checksum { .. } => Status::data_loss(msg),
+        DeltaError::Header(_) | DeltaError::Tensor(_) => Status::invalid_argument(msg),
+        _ => Status::failed_precondition(msg),
     }
 }
 

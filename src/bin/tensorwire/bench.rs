@@ -56,6 +56,9 @@ pub struct BenchArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// `--link RATE,RTT[,LOSS]`: the WAN benchmark instead (`wan/`).
+    #[command(flatten)]
+    wan: crate::wan::WanArgs,
 }
 
 fn parse_size(s: &str) -> Result<usize, BoxError> {
@@ -209,6 +212,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs the benchmark (on its own runtimes: call it outside any runtime).
 pub fn run(a: BenchArgs) -> Result<(), BoxError> {
+    if let Some(spec) = a.wan.link {
+        return crate::wan::run(a.wan, spec, a.json);
+    }
     let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_, _>>()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let rounds = a.rounds.max(1);

@@ -4,6 +4,7 @@ mod bench;
 mod files;
 mod harness;
 mod store;
+mod wan;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,7 +51,8 @@ enum Command {
     Info(ConnArgs),
     /// Exit 0 when the server is serving, 1 otherwise.
     Health(ConnArgs),
-    /// Benchmark every enabled transport on loopback against raw sockets.
+    /// Benchmark every enabled transport on loopback against raw sockets
+    /// (`--link RATE,RTT[,LOSS]`: over an emulated WAN link instead).
     Bench(bench::BenchArgs),
 }
 
@@ -146,7 +148,7 @@ struct EncodingArgs {
     /// Codec for tensors sent: raw, torch, safetensors.
     #[arg(long, default_value_t = Encoding::default().codec)]
     codec: CodecKind,
-    /// Compression: none, lz4, zstd, zstd:LEVEL, auto.
+    /// Compression: none, lz4, zstd, zstd:LEVEL, planes (float exponent/mantissa planes), auto.
     #[arg(long, default_value_t = Encoding::default().compression)]
     compress: CompressionMode,
     /// Byte-shuffle multi-byte elements before compressing.
@@ -182,6 +184,11 @@ struct SendArgs {
     /// Send the tensor(s) this many times.
     #[arg(long, default_value_t = 1)]
     count: u64,
+    /// Send each tensor as a delta (XOR, then compressed) against the tensor
+    /// of the same name in BASE_FILE, which must be what the server stores
+    /// under that name (checked by content hash; else an error naming it).
+    #[arg(long, value_name = "BASE_FILE", requires = "file")]
+    delta: Option<PathBuf>,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -488,6 +495,9 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
         (Some(f), _) => {
             let (items, bare) = files::load_file(f)?;
             if let (Some(name), false) = (&a.name, bare) {
+                if a.delta.is_some() {
+                    return Err("--delta sends tensors, not whole state dicts (leave out --name)".into());
+                }
                 return store::send_state_dict(&a, name, items).await;
             }
             files::name_tensors(f, items, a.name.as_deref())?
@@ -509,8 +519,27 @@ async fn send(a: SendArgs) -> Result<(), BoxError> {
     }
     let start = Instant::now();
     let mut summary = None;
+    let bases = match &a.delta {
+        Some(path) => {
+            let (items, _) = files::load_file(path)?;
+            Some(files::name_tensors(path, items, a.name.as_deref())?)
+        }
+        None => None,
+    };
     for _ in 0..a.count {
-        summary = Some(c.send(tensors.clone()).await?);
+        summary = Some(match &bases {
+            None => c.send(tensors.clone()).await?,
+            Some(bases) => {
+                let mut last = None;
+                for t in &tensors {
+                    let base = bases.iter().find(|b| b.name() == t.name()).ok_or_else(|| {
+                        format!("no tensor named {:?} in the --delta base file", t.name().unwrap_or(""))
+                    })?;
+                    last = Some(c.send_delta(t, base).await?);
+                }
+                last.unwrap_or_default()
+            }
+        });
     }
     let secs = start.elapsed().as_secs_f64();
     Progress::finish(bar).await;
