@@ -36,7 +36,8 @@ async fn client(url: &str) -> Client {
 /// A TCP relay in front of `upstream` counting the bytes the client sends.
 async fn counting_relay(upstream: std::net::SocketAddr) -> (String, Arc<AtomicU64>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("tcp://{}", l.local_addr().unwrap());
+    // ?shm=0: the bytes must cross the relay, not a shared-memory upgrade.
+    let url = format!("tcp://{}?shm=0", l.local_addr().unwrap());
     let up_bytes = Arc::new(AtomicU64::new(0));
     let counter = up_bytes.clone();
     tokio::spawn(async move {
@@ -63,7 +64,8 @@ async fn send_and_fetch_deltas(scheme: &str) {
     let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
     let (url, sent) = match scheme {
         "tcp" => {
-            let addr = server.url().trim_start_matches("tcp://").parse().unwrap();
+            let ep = tensorwire_transports::Endpoint::parse(&server.url()).unwrap();
+            let addr = ep.authority().parse().unwrap();
             let (u, s) = counting_relay(addr).await;
             (u, Some(s))
         }
