@@ -14,17 +14,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A bf16 "checkpoint" and the next one: 2% of the weights nudged.
 fn checkpoints(n: usize) -> (Tensor, Tensor) {
-    let old: Vec<u16> = (0..n as u32).map(|i| 0x3c00 ^ ((i.wrapping_mul(2654435761) >> 16) as u16 & 0x80ff)).collect();
-    let mut new = old.clone();
-    for v in new.iter_mut().step_by(50) {
-        *v ^= 1;
+    // Random bits (incompressible as a whole tensor), then one element in 50
+    // changed by its lowest bit, as a training step changes weights.
+    let old = tensorwire::builtins::random_tensor(DType::BFloat16, &[n], 7).unwrap();
+    let mut bytes = old.to_contiguous_bytes().unwrap().to_vec();
+    for e in bytes.chunks_mut(2).step_by(50) {
+        e[0] ^= 1;
     }
-    let t = |v: Vec<u16>| Tensor::new(DType::BFloat16, [n], bytemuck_bytes(&v)).unwrap().with_name("w");
-    (t(old), t(new))
-}
-
-fn bytemuck_bytes(v: &[u16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    let old = old.with_name("w");
+    let new = Tensor::new(DType::BFloat16, [n], bytes).unwrap().with_name("w");
+    (old, new)
 }
 
 async fn client(url: &str) -> Client {

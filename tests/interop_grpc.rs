@@ -51,13 +51,24 @@ async fn health_is_serving_then_not_serving_during_shutdown() {
     .unwrap();
 
     // Watch from before the shutdown: SERVING, then NOT_SERVING.
-    let watcher = Command::new(&py)
+    let mut watcher = Command::new(&py)
         .arg(common::python::script("grpc_interop.py"))
         .args(["watch", &addr])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The watcher's first answer must be in before the shutdown begins (a
+    // Python process takes a while to start under load).
+    let mut watch_out = std::io::BufReader::new(watcher.stdout.take().unwrap());
+    let (first, watch_out) = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut watch_out, &mut line);
+        (line, watch_out)
+    })
+    .await
+    .unwrap();
+    assert_eq!(first, "SERVING\n", "the watcher's first answer");
     let client = Client::connect(&server.url()).await.unwrap();
     let held = tokio::spawn(async move { client.call("hold", vec![], Default::default()).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -78,9 +89,16 @@ async fn health_is_serving_then_not_serving_during_shutdown() {
     release_tx.send(()).unwrap();
     assert!(held.await.unwrap().is_ok(), "the call in flight completes during the grace period");
     tokio::time::timeout(Duration::from_secs(20), shutdown).await.unwrap().unwrap();
-    let w = tokio::task::spawn_blocking(move || watcher.wait_with_output()).await.unwrap().unwrap();
-    let text = String::from_utf8_lossy(&w.stdout);
-    assert!(text.starts_with("SERVING\n") && text.contains("NOT_SERVING"), "watch saw: {text}");
+    let text = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        let mut r = watch_out;
+        let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+        let _ = watcher.wait();
+        rest
+    })
+    .await
+    .unwrap();
+    assert!(text.contains("NOT_SERVING"), "after SERVING, the watch saw: {text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
