@@ -75,6 +75,7 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// Hits over all pooled receives (0 before the first).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub fn hit_rate(&self) -> f64 {
         let all = self.hits + self.misses;
         if all == 0 { 0.0 } else { self.hits as f64 / all as f64 }

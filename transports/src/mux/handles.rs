@@ -215,6 +215,19 @@ impl RecvStream for MuxRecv {
         if self.done {
             return Ok(None);
         }
+        let reset = lock(&self.stream.inner).reset;
+        if let Some(code) = reset {
+            // The sender abandoned the stream: frames still queued are
+            // dropped (their credit returned), so a receiver stops at once
+            // instead of working through what a cancelled call had sent.
+            while let Ok(ev) = self.events.try_recv() {
+                if let Event::Frame(_, cost) = ev {
+                    self.consumed(cost);
+                }
+            }
+            self.done = true;
+            return Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code });
+        }
         match self.events.recv().await {
             Some(Event::Frame(r, cost)) => {
                 self.consumed(cost);

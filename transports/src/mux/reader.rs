@@ -76,10 +76,11 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R) -> Resul
             Kind::Reset => {
                 if let Some(s) = lookup(shared, head.stream) {
                     let inner = &mut *lock(&s.inner);
-                    if inner.state.on_reset()
-                        && let Some(tx) = &inner.events
-                    {
-                        let _ = tx.send(Event::Reset(head.value));
+                    if inner.state.on_reset() {
+                        inner.reset = Some(head.value);
+                        if let Some(tx) = &inner.events {
+                            let _ = tx.send(Event::Reset(head.value));
+                        }
                     }
                 }
             }

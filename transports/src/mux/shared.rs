@@ -40,6 +40,9 @@ pub(crate) struct StreamInner {
     pub(crate) events: Option<mpsc::UnboundedSender<Event>>,
     /// Where the receiver wants a tensor's payloads written.
     pub(crate) placement: Option<Placement>,
+    /// The peer reset the stream with this code: what it sent before and
+    /// is still queued is discarded, not delivered (as HTTP/2's RST_STREAM).
+    pub(crate) reset: Option<u32>,
 }
 
 /// One stream, shared by its two handles and the reader.
@@ -155,6 +158,7 @@ impl Shared {
                 state: StreamState::new(self.peer_window, self.my_window),
                 events: Some(tx),
                 placement: None,
+                reset: None,
             }),
             send_notify: Notify::new(),
         });
