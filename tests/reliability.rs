@@ -300,6 +300,14 @@ async fn shutdown_drains_a_fetch_in_flight(scheme: &str) {
     client.send(vec![t.clone()]).await.unwrap();
     let c = client.clone();
     let fetch = tokio::spawn(async move { c.fetch_one("big").await });
+    // Shut down once the server has the fetch in hand (a call that has not
+    // reached it yet is refused, not drained: that is another test).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.info().active_calls == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // ...and has begun answering it (QUIC: see the notes on issue 17; a
+    // shutdown in the first instants of a call is not drained there yet).
     tokio::time::sleep(Duration::from_millis(30)).await;
     let started = std::time::Instant::now();
     server.shutdown().await;
