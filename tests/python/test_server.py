@@ -225,8 +225,10 @@ def test_keyboard_interrupt_cancels_a_long_transfer_cleanly():
     """Ctrl-C while a send is stalled by a slow server: the call ends with
     KeyboardInterrupt within a fraction of a second, the server sees the
     call cancelled (its handler stops being fed), and the same client keeps
-    working."""
-    s = tensorwire.Server(listen=["tcp://127.0.0.1:0"])
+    working. Over TCP proper (?shm=0): a same-host client would upgrade to
+    shared memory, whose sender can run up to 1 GiB ahead of a slow server
+    (a known leftover)."""
+    s = tensorwire.Server(listen=["tcp://127.0.0.1:0?shm=0"])
     seen: List[str] = []
 
     @s.on_send
