@@ -189,7 +189,10 @@ def test_no_extra_copy_in_memory(cli_server, mode):
     RSS far less than a copy would (256 MiB), and fetching one raises it by
     about the tensor itself, not twice that."""
     s = cli_server("tcp")
-    out = subprocess.run([sys.executable, "-c", RSS_PROBE, s.url, mode], capture_output=True, text=True, timeout=120)
+    # TCP proper: a same-host client would otherwise upgrade to shared
+    # memory, whose segments (a copy by design) count in its RSS.
+    url = s.url if "?" in s.url else s.url + "?shm=0"
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, url, mode], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     grew_mib = float(out.stdout.strip().splitlines()[-1])
     if mode == "send":
