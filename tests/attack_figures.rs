@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cli::bin;
+use common::raw_handshake;
 use tensorwire::builtins::random_tensor;
 use tensorwire::{Args, Client, DType, FetchRequest};
 use tensorwire_proto::v1::{self, frame_header::Kind};
@@ -74,17 +75,6 @@ fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / MIB as f64)
 }
 
-async fn raw(url: &str) -> Arc<dyn transports::Connection> {
-    let ep = transports::Endpoint::parse(url).unwrap();
-    let conn = transports::connect(&ep, &Default::default()).await.unwrap();
-    let hello = v1::Hello { version: tensorwire::PROTOCOL_VERSION, ..Default::default() };
-    let (mut tx, mut rx) = conn.open(StreamKind::Handshake).await.unwrap();
-    tx.send_last(Frame::header_only(FrameHeader::new(Kind::Hello(Box::new(hello))))).await.unwrap();
-    let r = rx.recv().await.unwrap().unwrap();
-    assert!(matches!(r.header.kind, Some(Kind::Welcome(_))), "{:?}", r.header);
-    conn
-}
-
 /// A send whose tensor declares `total` bytes, of which `sent` are sent in
 /// 1 MiB chunks before the sender stalls (the stream stays open). Returns
 /// the stream and whether the server refused it.
@@ -137,7 +127,7 @@ async fn memory_attacks_and_connection_floods() {
         let s = serve("tcp", &["--max-memory-bytes", "1073741824"]);
         let pid = s.child.id();
         let base = status_bytes(pid, "VmRSS");
-        let conn = raw(&s.url).await;
+        let conn = raw_handshake(&s.url, "").await;
         let mut held = Vec::new();
         for _ in 0..6 {
             held.push(stalled_send(&conn, 768 * MIB, 700 * MIB).await);
@@ -196,7 +186,7 @@ async fn memory_attacks_and_connection_floods() {
         let client = Client::connect(&s.url).await.unwrap();
         let e = client.fetch(FetchRequest::default().param("shape", "1000000,1000000")).await.unwrap_err();
         println!("fetch shape=1000000,1000000: {e}");
-        let conn = raw(&s.url).await;
+        let conn = raw_handshake(&s.url, "").await;
         let (_tx, mut rx) = stalled_send(&conn, 16 << 30, 0).await;
         let reply = rx.recv().await;
         let why = match reply {
@@ -214,7 +204,7 @@ async fn memory_attacks_and_connection_floods() {
     {
         let s = serve("tcp", &["--max-tensor-bytes", "68719476736"]);
         let pid = s.child.id();
-        let conn = raw(&s.url).await;
+        let conn = raw_handshake(&s.url, "").await;
         for gib in [16u64, 40] {
             let (_tx, mut rx) = stalled_send(&conn, gib << 30, 0).await;
             let why = match rx.recv().await {

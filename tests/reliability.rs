@@ -36,17 +36,6 @@ fn remote_code(e: &CallError) -> Code {
     e.status().map(|s| s.code).unwrap_or_else(|| e.code())
 }
 
-async fn raw(url: &str, token: &str) -> Arc<dyn transports::Connection> {
-    let ep = transports::Endpoint::parse(url).unwrap();
-    let conn = transports::connect(&ep, &Default::default()).await.unwrap();
-    let hello = v1::Hello { version: tensorwire::PROTOCOL_VERSION, auth_token: token.into(), ..Default::default() };
-    let (mut tx, mut rx) = conn.open(StreamKind::Handshake).await.unwrap();
-    tx.send_last(Frame::header_only(FrameHeader::new(Kind::Hello(Box::new(hello))))).await.unwrap();
-    let r = rx.recv().await.unwrap().unwrap();
-    assert!(matches!(r.header.kind, Some(Kind::Welcome(_))), "{:?}", r.header);
-    conn
-}
-
 /// A send call whose first chunk declares `total` bytes and carries 64 KiB,
 /// then stalls (the stream stays open).
 async fn stalled_send(
@@ -112,7 +101,7 @@ async fn stalled_senders_are_bounded_by_the_memory_budget() {
     let cfg = ServerConfig { max_memory_bytes: 256 << 20, ..Default::default() };
     let (server, _dir) = start(store_server(cfg), "tcp").await;
     let url = server.url();
-    let conn = raw(&url, "").await;
+    let conn = raw_handshake(&url, "").await;
     // Two stalled senders hold 2 × 96 MiB: within the budget, held while they stall.
     let a = stalled_send(&conn, 96 << 20).await;
     let b = stalled_send(&conn, 96 << 20).await;

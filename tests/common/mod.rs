@@ -80,3 +80,19 @@ pub fn assert_same(a: &Tensor, b: &Tensor) {
     assert_eq!(a.crc32c().unwrap(), b.crc32c().unwrap(), "data of {:?}", a.name());
     assert!(a.data_eq(b), "data of {:?}", a.name());
 }
+
+/// A raw transport connection to `url` that has done the tensorwire
+/// handshake (Hello with `token`, Welcome back): for tests that then speak
+/// frames a well-behaved client would not.
+pub async fn raw_handshake(url: &str, token: &str) -> std::sync::Arc<dyn tensorwire_transports::Connection> {
+    use tensorwire_proto::v1::{self, frame_header::Kind};
+    use tensorwire_transports::{Frame, FrameHeader, StreamKind};
+    let ep = tensorwire_transports::Endpoint::parse(url).unwrap();
+    let conn = tensorwire_transports::connect(&ep, &Default::default()).await.unwrap();
+    let hello = v1::Hello { version: tensorwire::PROTOCOL_VERSION, auth_token: token.into(), ..Default::default() };
+    let (mut tx, mut rx) = conn.open(StreamKind::Handshake).await.unwrap();
+    tx.send_last(Frame::header_only(FrameHeader::new(Kind::Hello(Box::new(hello))))).await.unwrap();
+    let r = rx.recv().await.unwrap().unwrap();
+    assert!(matches!(r.header.kind, Some(Kind::Welcome(_))), "{:?}", r.header);
+    conn
+}
