@@ -121,10 +121,16 @@ async fn mutual_tls_refuses_clients_without_a_certificate_from_the_ca(scheme: &s
     // With TLS 1.3 the client finishes its side of the handshake before the
     // server checks its certificate, so the refusal arrives as an alert —
     // or, when the client's next write meets the closed socket first, as a
-    // broken connection. Either way the call fails.
+    // broken connection; and over gRPC, when the server's hang-up reaches
+    // hyper as a plain end of stream, as a closed connection with no cause
+    // (seen about once in a hundred runs under load). Either way the call
+    // fails, and fails at once.
     let refusal = |e: &str, alert: &str| {
         let l = e.to_lowercase().replace('_', "");
-        l.contains(alert) || l.contains("broken pipe") || l.contains("reset by peer")
+        l.contains(alert)
+            || l.contains("broken pipe")
+            || l.contains("reset by peer")
+            || (scheme == "grpcs" && (l.contains("connection is closed") || l.contains("channel closed")))
     };
     let e = refused(&url, client(None)).await;
     assert!(refusal(&e, "certificaterequired"), "{e}");

@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Request;
 use tonic::codegen::http::{self, Uri};
 
+use super::io::Recording;
 use super::settings::{H2, message_limit, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, RequestSend, ResetFlag, Source, next_id};
 use crate::{
@@ -207,6 +208,8 @@ where
         .max_send_buf_size(g.max_frame_size as usize * 4)
         .keep_alive_interval(config.keepalive_interval)
         .keep_alive_while_idle(true);
+    let first_error = Arc::new(std::sync::OnceLock::new());
+    let io = Recording::new(io, first_error.clone());
     let (send, conn) = b.handshake(TokioIo::new(io)).await.map_err(|e| ConnectError::Protocol {
         endpoint: ep.to_string(),
         reason: format!("HTTP/2 handshake failed: {e}"),
@@ -222,7 +225,12 @@ where
                 let cause = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
                 Arc::from(format!("the HTTP/2 connection failed: {e}{cause}").as_str())
             }
-            Ok(()) => Arc::from("the HTTP/2 connection is closed"),
+            // hyper ends its side without an error when the connection task
+            // it spawned met one; the socket kept it.
+            Ok(()) => match first_error.get() {
+                Some(io) => Arc::from(format!("the HTTP/2 connection failed: {io}").as_str()),
+                None => Arc::from("the HTTP/2 connection is closed"),
+            },
         };
         let _ = closed_tx.send(Some(why));
     });
@@ -234,8 +242,10 @@ where
 
 /// A call that failed because its connection did (hyper says only "channel
 /// closed" or "connection error") is reported with the connection's own
-/// cause — a TLS alert, a reset — once the connection task has it (waiting
-/// briefly: the call may fail a moment before the task records why).
+/// cause — a TLS alert, a reset — which the connection task records a
+/// moment after the call fails (so this waits briefly for it), or, when
+/// hyper's connection task ended without one, the I/O error in the call's
+/// own source chain.
 async fn with_connection_cause(chan: &GrpcChannel, status: tonic::Status) -> tonic::Status {
     // A status the server sent has no source error; one tonic made from a
     // transport failure carries hyper's, or says the service was not ready.
@@ -246,12 +256,29 @@ async fn with_connection_cause(chan: &GrpcChannel, status: tonic::Status) -> ton
         return status;
     }
     if !chan.is_closed() {
-        let _ = tokio::time::timeout(std::time::Duration::from_millis(200), chan.closed()).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), chan.closed()).await;
     }
-    match chan.end_reason() {
-        Some(why) if why.contains("failed") => tonic::Status::unavailable(format!("{}: {why}", status.message())),
-        _ => status,
+    match (chan.end_reason(), io_cause(&status)) {
+        (Some(why), _) if why.contains("failed") => tonic::Status::unavailable(format!("{}: {why}", status.message())),
+        (_, Some(io)) => tonic::Status::unavailable(format!("{}: {io}", status.message())),
+        // Closed with no cause to give: still a closed connection, not a
+        // peer that broke the protocol.
+        (Some(why), None) => tonic::Status::unavailable(format!("{}: {why}", status.message())),
+        (None, None) => status,
     }
+}
+
+/// The I/O error (a TLS alert, a broken pipe) under a transport failure,
+/// when hyper kept it in the error's source chain.
+fn io_cause(status: &tonic::Status) -> Option<String> {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.to_string());
+        }
+        cause = e.source();
+    }
+    None
 }
 
 /// Connects to a gRPC endpoint: one HTTP/2 connection, one call per stream.

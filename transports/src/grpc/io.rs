@@ -126,3 +126,63 @@ impl AsyncWrite for Io {
         delegate!(self, s => s.poll_shutdown(cx))
     }
 }
+
+/// A client's socket that keeps the first I/O error it meets (a TLS alert,
+/// a broken pipe): hyper drives the HTTP/2 connection in a task of its own
+/// and only logs such an error, so without this the connection would end
+/// with no cause to report.
+pub(crate) struct Recording<IO> {
+    inner: IO,
+    first_error: std::sync::Arc<std::sync::OnceLock<String>>,
+}
+
+impl<IO> Recording<IO> {
+    /// Wraps `inner`; its first error goes to `first_error`.
+    pub(crate) fn new(inner: IO, first_error: std::sync::Arc<std::sync::OnceLock<String>>) -> Self {
+        Recording { inner, first_error }
+    }
+
+    fn note<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &r {
+            let _ = self.first_error.set(e.to_string());
+        }
+        r
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Recording<IO> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.note(r)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Recording<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note(r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.note(r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.note(r)
+    }
+}
