@@ -13,11 +13,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tensorwire::{
     BlockingClient, CallError, Client, ClientConfig, CodecKind, CompressionMode, FetchRequest, RetryPolicy,
-    ServiceInfo, TaskState, TensorStream,
+    ServiceInfo, TaskState, Tensor, TensorStream,
 };
 
 use crate::errors::{call_error, raise};
-use crate::tensors::{Received, all_from_py};
+use crate::tensors::{Received, all_from_py, from_py};
 use crate::values::{from_args, from_value, to_args};
 
 /// How often a blocked call lets Python check for Ctrl-C.
@@ -221,12 +221,20 @@ impl NativeClient {
         Ok(Received::all(block(py, &c, async move |c| c.fetch(req).await)?))
     }
 
-    /// Starts an exchange with all of `tensors`; answers stream back.
-    fn exchange(&self, py: Python<'_>, tensors: &Bound<'_, PyAny>) -> PyResult<ExchangeIter> {
-        let tensors = all_from_py(tensors)?;
+    /// Opens an exchange: inputs are pushed one at a time
+    /// ([`Exchange::push`]) while the answers stream back.
+    fn exchange(&self, py: Python<'_>) -> PyResult<Exchange> {
         let c = self.live(py)?;
-        let stream = block(py, &c, async move |c| c.exchange(futures_util::stream::iter(tensors)).await)?;
-        Ok(ExchangeIter { client: c, stream: std::sync::Mutex::new(Some(stream)) })
+        let (tx, rx) = tokio::sync::mpsc::channel::<Tensor>(EXCHANGE_QUEUE);
+        let inputs = tokio_stream_from(rx);
+        let stream = block(py, &c, async move |c| c.exchange(inputs).await)?;
+        let (cancel, _) = tokio::sync::watch::channel(false);
+        Ok(Exchange {
+            client: c,
+            inputs: std::sync::Mutex::new(Some(tx)),
+            stream: std::sync::Mutex::new(Some(stream)),
+            cancel,
+        })
     }
 
     /// Calls a function: returns (tensors, value).
@@ -342,35 +350,88 @@ impl NativeClient {
     }
 }
 
-/// The answers of an exchange, one tensor per `next()`.
+/// Inputs an exchange may have queued ahead of the sender (each holds its
+/// tensor's memory, so the queue is short: backpressure reaches Python).
+const EXCHANGE_QUEUE: usize = 2;
+
+/// The channel's receiver as the input stream of [`Client::exchange`].
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Tensor>) -> impl futures_util::Stream<Item = Tensor> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// One exchange in flight: inputs pushed from Python (a feeder thread, so
+/// an input may depend on an earlier answer), answers read by `next()`.
 #[pyclass(frozen, module = "tensorwire._native")]
-pub struct ExchangeIter {
+pub struct Exchange {
     client: Arc<BlockingClient>,
+    /// Where inputs go; None once the inputs are finished or cancelled.
+    inputs: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<Tensor>>>,
+    /// The answers; None once they ended or the exchange was cancelled.
     stream: std::sync::Mutex<Option<TensorStream>>,
+    /// Set by `cancel()`: wakes a `next()` waiting for an answer.
+    cancel: tokio::sync::watch::Sender<bool>,
 }
 
 #[pymethods]
-impl ExchangeIter {
+impl Exchange {
     fn __iter__(slf: Py<Self>) -> Py<Self> {
         slf
+    }
+
+    /// Queues one input (a tensor description), waiting with the GIL
+    /// released while the sender is behind. False when the exchange no
+    /// longer takes inputs (it ended, failed or was cancelled: the
+    /// answers say why).
+    fn push(&self, py: Python<'_>, desc: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let t = from_py(desc)?;
+        let Some(tx) = self.inputs.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return Ok(false);
+        };
+        let mut cancelled = self.cancel.subscribe();
+        block(py, &self.client, async move |_| {
+            Ok(tokio::select! {
+                r = tx.send(t) => r.is_ok(),
+                _ = cancelled.wait_for(|c| *c) => false,
+            })
+        })
+    }
+
+    /// Ends the inputs: the server sees the end of the stream.
+    fn finish(&self) {
+        self.inputs.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Cancels the exchange: the call is reset (the server sees it
+    /// cancelled, never a clean end of inputs) and `next()` ends.
+    fn cancel(&self, py: Python<'_>) {
+        self.cancel.send_replace(true);
+        let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Dropping the answers stops the input sender before the inputs
+        // close, so the server never sees a clean end of stream.
+        py.detach(move || drop(stream));
+        self.inputs.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Received>> {
         let Some(mut stream) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return Ok(None);
         };
-        let (stream, next) =
-            block(py, &self.client, async move |_| Ok(stream.next().await.map(|r| (stream, r)))).map(|o| match o {
-                Some((s, r)) => (Some(s), Some(r)),
-                None => (None, None),
-            })?;
+        let mut cancelled = self.cancel.subscribe();
+        let next = block(py, &self.client, async move |_| {
+            Ok(tokio::select! {
+                r = stream.next() => r.map(|r| (stream, r)),
+                _ = cancelled.wait_for(|c| *c) => None,
+            })
+        })?;
         match next {
             None => Ok(None),
-            Some(Ok(t)) => {
-                *self.stream.lock().unwrap_or_else(|p| p.into_inner()) = stream;
+            Some((stream, Ok(t))) => {
+                if !*self.cancel.borrow() {
+                    *self.stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
+                }
                 Ok(Some(Received::new(t)))
             }
-            Some(Err(e)) => Err(call_error(py, e)),
+            Some((_, Err(e))) => Err(call_error(py, e)),
         }
     }
 }

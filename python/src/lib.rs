@@ -29,7 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CUDA", cfg!(feature = "cuda"))?;
     m.add_class::<tensors::Received>()?;
     m.add_class::<client::NativeClient>()?;
-    m.add_class::<client::ExchangeIter>()?;
+    m.add_class::<client::Exchange>()?;
     m.add_class::<aclient::NativeAsyncClient>()?;
     m.add_class::<server::NativeServer>()?;
     Ok(())

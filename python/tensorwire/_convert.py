@@ -10,7 +10,7 @@ capsule torch adopts: the tensor's storage *is* the receive buffer.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ._errors import Error
 
@@ -116,17 +116,24 @@ def describe(x: Any, name: Optional[str] = None, metadata: Optional[Mapping[str,
 def describe_all(tensors: Any) -> List[Description]:
     """Descriptions of a tensor, a ``{name: tensor}`` mapping (a state dict)
     or an iterable of tensors / ``(name, tensor)`` pairs."""
+    return list(describe_each(tensors))
+
+
+def describe_each(tensors: Any) -> Iterator[Description]:
+    """:func:`describe_all`, one description at a time: an iterable is
+    consumed only as far as the caller reads."""
     if is_tensor(tensors):
-        return [describe(tensors)]
+        yield describe(tensors)
+        return
     if isinstance(tensors, Mapping):
-        return [describe(t, str(k)) for k, t in tensors.items()]
-    out = []
+        for k, t in tensors.items():
+            yield describe(t, str(k))
+        return
     for item in tensors:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            out.append(describe(item[1], item[0]))
+            yield describe(item[1], item[0])
         else:
-            out.append(describe(item))
-    return out
+            yield describe(item)
 
 
 def _is_numpy(x: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 from . import _convert as cv
@@ -23,6 +24,26 @@ class SendResult(NamedTuple):
     """Payload bytes it received."""
     message: str
     """Its message (the store lists the names it stored)."""
+
+
+def _answers(ex: Any, failed: List[BaseException]) -> Iterator["torch.Tensor"]:
+    """The answers of an exchange; the inputs' own exception wins over the
+    cancellation it caused (it is recorded before the cancel, so it is
+    seen once the answers end)."""
+    done = False
+    try:
+        for r in ex:
+            yield cv.to_torch(r)
+        done = True
+    except Error:
+        if failed:
+            raise failed[0] from None
+        raise
+    finally:
+        if not done:
+            ex.cancel()
+    if failed:
+        raise failed[0]
 
 
 def _one(name: str, got: List["torch.Tensor"]) -> "torch.Tensor":
@@ -153,10 +174,32 @@ class Client:
         return _copy_into(name, self.fetch(name), out)
 
     def exchange(self, tensors: Iterable[Any]) -> Iterator["torch.Tensor"]:
-        """Bidirectional stream: sends every tensor of ``tensors`` while the
+        """Bidirectional stream: sends the tensors of ``tensors`` while the
         server's exchange handler answers; yields the answers as they come.
-        (The inputs are gathered first; the answers are streamed.)"""
-        return (cv.to_torch(r) for r in self.native.exchange(cv.describe_all(tensors)))
+
+        ``tensors`` (tensors or ``(name, tensor)`` pairs; a generator is
+        fine) is read on a thread of its own as the call goes — at most two
+        inputs ahead of the sender — so a generator may wait for an earlier
+        answer (a training loop feeding its next batch). An exception from
+        ``tensors`` cancels the call (the server sees it cancelled, not a
+        clean end) and is raised here; closing the returned iterator early
+        cancels the call too."""
+        ex = self.native.exchange()
+        failed: List[BaseException] = []
+
+        def feed() -> None:
+            try:
+                for d in cv.describe_each(tensors):
+                    if not ex.push(d):
+                        return  # the call ended: its answers say why
+            except BaseException as e:  # noqa: BLE001 - re-raised by the reader
+                failed.append(e)
+                ex.cancel()
+                return
+            ex.finish()
+
+        threading.Thread(target=feed, name="tensorwire-exchange-inputs", daemon=True).start()
+        return _answers(ex, failed)
 
     # --- functions -----------------------------------------------------------
 

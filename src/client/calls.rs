@@ -158,7 +158,10 @@ impl Client {
     }
 
     /// Bidirectional: sends `inputs` while the server's `exchange` handler
-    /// answers; returns the answers as a stream.
+    /// answers; returns the answers as a stream. `inputs` is polled as the
+    /// call goes, so an input may wait for an earlier answer (a channel's
+    /// receiver). Dropping the returned stream before its end cancels the
+    /// call, inputs included.
     pub async fn exchange(
         &self,
         inputs: impl Stream<Item = Tensor> + Send + 'static,

@@ -120,6 +120,17 @@ impl TensorStream {
     }
 }
 
+impl Drop for TensorStream {
+    /// An exchange's stream dropped before its end cancels the call, inputs
+    /// included: the task sending them stops (its stream is reset, so the
+    /// server never mistakes the cut for a clean end of inputs).
+    fn drop(&mut self) {
+        if let Some(h) = self.sender.take() {
+            h.abort();
+        }
+    }
+}
+
 /// Where a server handler writes the tensors it returns.
 pub struct TensorSink<'a> {
     pub(crate) writer: &'a mut FrameWriter,

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import itertools
 import json
+import queue
 import subprocess
 import threading
 import time
@@ -217,6 +219,73 @@ def test_streaming_handlers():
             assert e.value.code == "NOT_FOUND" and "zzz" in str(e.value)
             outs = list(c.exchange([torch.zeros(2), torch.empty(0), torch.ones(1)]))
             assert [o.tolist() for o in outs] == [[1.0, 1.0], [2.0, 2.0], [2.0], [3.0]]
+    finally:
+        s.stop()
+
+
+def _exchange_server(seen: List[float]) -> tensorwire.Server:
+    s = tensorwire.Server(listen=["tcp://127.0.0.1:0?shm=0"])
+
+    @s.on_exchange
+    def on_exchange(t):
+        seen.append(float(t[0]))
+        return t + 1
+
+    s.start()
+    return s
+
+
+def test_exchange_inputs_stream_and_may_wait_for_answers():
+    """A generator whose next input depends on the last answer (a training
+    loop): the inputs are read as the call goes, not gathered first."""
+    seen: List[float] = []
+    s = _exchange_server(seen)
+    try:
+        answers: "queue.Queue[torch.Tensor]" = queue.Queue()
+
+        def inputs():
+            x = torch.zeros(4)
+            for _ in range(5):
+                yield x
+                x = answers.get(timeout=10)  # the answer to the last input
+
+        with tensorwire.Client(s.url) as c:
+            for a in c.exchange(inputs()):
+                answers.put(a)
+            assert a.tolist() == [5.0] * 4
+        assert seen == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        s.stop()
+
+
+def test_exchange_input_error_cancels_the_call_and_is_raised():
+    """An exception from the inputs is raised to the caller and cancels the
+    call: the server never sees a clean end of inputs; an answer loop the
+    caller leaves early cancels too; the client keeps working."""
+    seen: List[float] = []
+    s = _exchange_server(seen)
+    try:
+
+        def failing():
+            yield torch.zeros(2)
+            yield torch.ones(2)
+            raise ValueError("the data loader broke")
+
+        with tensorwire.Client(s.url) as c:
+            with pytest.raises(ValueError, match="data loader broke"):
+                list(c.exchange(failing()))
+            # Leaving early: an endless input stream is cancelled.
+            endless = (torch.full((2,), float(i)) for i in itertools.count())
+            it = c.exchange(endless)
+            assert next(it).tolist() == [1.0, 1.0]
+            it.close()  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 10
+            while c.info()["active_calls"] > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            info = c.info()
+            assert info["active_calls"] == 1, info  # this info call only
+            assert info["failures"] >= 2, info  # both exchanges ended as failed calls
+            assert [o.tolist() for o in c.exchange([torch.full((1,), 7.0)])] == [[8.0]]
     finally:
         s.stop()
 
