@@ -497,18 +497,34 @@ impl Assembly {
         Ok(plan.last)
     }
 
-    /// Feeds a chunk the transport already wrote into the lent buffer
-    /// (`lent`), at `offset` with `len` bytes. Returns true after the last chunk.
-    pub fn placed(&mut self, c: &v1::Chunk, offset: u64, len: usize, lent: &[u8]) -> Result<bool, ChunkError> {
+    /// Feeds a chunk the transport already wrote into the lent buffer, at
+    /// `offset` with `len` bytes; `lent_len` is that buffer's length.
+    /// Returns true after the last chunk. A chunk with a checksum needs its
+    /// bytes (`lent`: the buffer, locked by the caller); one without is
+    /// checked against the header alone, so a transport may still be
+    /// writing the next chunks into the buffer meanwhile.
+    pub fn placed(
+        &mut self,
+        c: &v1::Chunk,
+        offset: u64,
+        len: usize,
+        lent_len: usize,
+        lent: Option<&[u8]>,
+    ) -> Result<bool, ChunkError> {
         let plan = self.reasm.plan(c, len)?;
         if plan.first || offset as usize != plan.offset || len != plan.raw_len || plan.compression != Compression::None
         {
             return Err(ChunkError::Protocol("a placed chunk does not match its header".into()));
         }
-        let bytes = lent
-            .get(plan.offset..plan.offset + len)
-            .ok_or_else(|| ChunkError::Protocol("a placed chunk lies outside its buffer".into()))?;
-        verify(c, bytes)?;
+        let end = plan.offset.checked_add(len).filter(|&end| end <= lent_len);
+        let range =
+            plan.offset..end.ok_or_else(|| ChunkError::Protocol("a placed chunk lies outside its buffer".into()))?;
+        if c.chunk_crc32c.is_some() {
+            let bytes = lent
+                .and_then(|b| b.get(range))
+                .ok_or_else(|| ChunkError::Protocol("a placed chunk's checksum needs its bytes".into()))?;
+            verify(c, bytes)?;
+        }
         Ok(plan.last)
     }
 

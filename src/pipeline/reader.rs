@@ -256,10 +256,14 @@ impl FrameReader {
                     let mut g = placement.lock().await;
                     self.asm.push_into(&c, &b, &mut g)
                 }
-                Payload::Placed { offset, len } => {
+                // Only a checksum needs the bytes: without one the buffer
+                // stays with the transport (UCX may be writing the next
+                // chunks into it).
+                Payload::Placed { offset, len } if c.chunk_crc32c.is_some() => {
                     let g = placement.lock().await;
-                    self.asm.placed(&c, offset, len, &g)
+                    self.asm.placed(&c, offset, len, g.len(), Some(&g))
                 }
+                Payload::Placed { offset, len } => self.asm.placed(&c, offset, len, placement.len(), None),
             }
             .map_err(|e| self.chunk_error(e))?;
             self.count_progress(c.raw_len);

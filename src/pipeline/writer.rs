@@ -183,7 +183,7 @@ impl FrameWriter {
         let crc =
             self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
         let (compression, shuffle) = self.choose_compression(&encoded.segments, itemsize);
-        let chunk_size = self.chunk_size();
+        let chunk_size = self.chunk_size(compression == Compression::None);
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
         let mut chunker = Chunker::new(id, info, encoded, chunk_size);
@@ -237,9 +237,13 @@ impl FrameWriter {
     }
 
     /// Payload bytes per chunk: the configured chunk size, within the
-    /// peer's largest frame (kept a multiple of 64).
-    fn chunk_size(&self) -> usize {
-        let mut chunk_size = self.encoding.effective_chunk_size().max(self.min_chunk) as u64;
+    /// peer's largest frame (kept a multiple of 64). The transport's
+    /// minimum (UCX's rendezvous chunks) applies to uncompressed tensors
+    /// only: compressed chunks travel on the control stream, within its
+    /// window.
+    fn chunk_size(&self, uncompressed: bool) -> usize {
+        let min = if uncompressed { self.min_chunk } else { 0 };
+        let mut chunk_size = self.encoding.effective_chunk_size().max(min) as u64;
         if self.max_frame_payload > 0 {
             chunk_size = chunk_size.min(self.max_frame_payload / 64 * 64);
         }
@@ -257,7 +261,7 @@ impl FrameWriter {
         pieces: &mut tokio::sync::mpsc::Receiver<Result<Bytes, CallError>>,
     ) -> Result<u64, CallError> {
         self.caps.check_tensor_bytes(total)?;
-        let chunk_size = self.chunk_size();
+        let chunk_size = self.chunk_size(true);
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
         let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));

@@ -136,25 +136,31 @@ fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), Bo
 }
 
 /// `ucx://` send and fetch of `size` bytes against `ucx_perftest -t
-/// ucp_put_bw` of the same size, run now (same UCX_* environment).
+/// ucp_put_bw` of the same size, run now (same UCX_* environment): the
+/// ratio's denominator. `ucx_perftest -t tag_bw` (the tagged rendezvous
+/// that `ucx://` itself uses) is printed beside it as an extra column.
 fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), BoxError> {
     let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
     let put = ucx_perftest("ucp_put_bw", size, iters)?.gib_per_s;
+    let tag = ucx_perftest("tag_bw", size, iters)?.gib_per_s;
     for (dir, g) in [("send", sent), ("fetch", fetched)] {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"transport": "ucx", "direction": dir, "size": size, "gib_per_s": g, "ucx_perftest_put_bw_gib_per_s": put, "ratio": g / put})
+                serde_json::json!({"transport": "ucx", "direction": dir, "size": size, "gib_per_s": g,
+                    "ucx_perftest_put_bw_gib_per_s": put, "ratio": g / put, "ucx_perftest_tag_bw_gib_per_s": tag})
             );
         } else {
             println!(
-                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs ucx_perftest -t ucp_put_bw",
+                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs ucx_perftest -t ucp_put_bw (extra: -t tag_bw {:.2} GiB/s, {:.2}x)",
                 "ucx",
                 dir,
                 human(size),
                 g,
                 put,
-                g / put
+                g / put,
+                tag,
+                g / tag
             );
         }
     }

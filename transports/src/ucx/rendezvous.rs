@@ -19,15 +19,15 @@
 //! the stream so that a delivery error reaches the sender.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tokio::sync::oneshot;
 
-use super::worker::{Landed, RecvTarget, WorkerHandle};
+use super::worker::{Landed, LockedRegion, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
@@ -161,6 +161,30 @@ impl SendStream for UcxSend {
     }
 }
 
+/// How many UCX receives a stream keeps posted: while one chunk arrives,
+/// the next chunks of the same tensor are already posted into their place,
+/// so UCX moves them back to back instead of waiting for each frame.
+const RECV_AHEAD: usize = 4;
+
+/// A frame the receiver has read ahead of the one it returns.
+enum Ahead {
+    /// A UCX chunk whose receive is posted (into the placement buffer).
+    Posted(Posted),
+    /// A frame not handled yet (handled in order: it stops the read-ahead).
+    Frame(Received),
+    /// The end of the stream, or its error.
+    End(Result<Option<Received>, StreamError>),
+}
+
+/// A UCX chunk frame whose payload is on its way.
+struct Posted {
+    frame: Received,
+    tag: u64,
+    len: usize,
+    offset: u64,
+    rx: oneshot::Receiver<super::worker::RecvResult>,
+}
+
 /// Receiving half: fetches diverted payloads from UCX, straight into the
 /// stream's placement buffer when the reader gave one (the tensor's own
 /// memory: no second copy), else into a buffer of their own.
@@ -168,21 +192,26 @@ pub(crate) struct UcxRecv {
     pub(crate) inner: Box<dyn RecvStream>,
     pub(crate) rv: Arc<Rendezvous>,
     pub(crate) placement: Option<Placement>,
+    /// Frames read ahead, in stream order.
+    ahead: VecDeque<Ahead>,
+    /// The placement buffer while receives posted into it are pending.
+    region: Weak<LockedRegion>,
+    /// End offset of the last receive posted into the current placement
+    /// (a chunk is posted ahead only past it: ranges never overlap).
+    posted_end: u64,
 }
 
 impl UcxRecv {
     pub(crate) fn new(inner: Box<dyn RecvStream>, rv: Arc<Rendezvous>) -> Self {
-        Self { inner, rv, placement: None }
+        Self { inner, rv, placement: None, ahead: VecDeque::new(), region: Weak::new(), posted_end: 0 }
     }
-}
 
-#[async_trait]
-impl RecvStream for UcxRecv {
-    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
-        let Some(mut r) = self.inner.recv().await? else { return Ok(None) };
-        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(Some(r)) };
+    /// The UCX tag, length and offset of a chunk frame whose payload comes
+    /// through UCX (None for other frames), checked.
+    fn ucx_chunk(&self, r: &Received) -> Result<Option<(u64, u64, usize, u64)>, StreamError> {
+        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(None) };
         if c.ucx_tag == 0 {
-            return Ok(Some(r));
+            return Ok(None);
         }
         let peer = || self.rv.peer.clone();
         if !r.payload.is_empty() || c.compression != v1::Compression::None as i32 || c.shm_segment != 0 {
@@ -197,15 +226,79 @@ impl RecvStream for UcxRecv {
                 limit: self.rv.max_payload,
             });
         }
-        let (tag, len, offset) = (c.ucx_tag, c.raw_len as usize, c.offset);
-        let target = match &self.placement {
-            Some(p) if p.accepts(c.tensor_id, offset, len) => {
-                RecvTarget::Placed { guard: p.lock_owned().await, offset: offset as usize, len }
+        Ok(Some((c.ucx_tag, c.tensor_id, c.raw_len as usize, c.offset)))
+    }
+
+    /// The placement buffer, locked for UCX (shared with the receives
+    /// already posted into it).
+    async fn region(&mut self, p: &Placement) -> Arc<LockedRegion> {
+        if let Some(r) = self.region.upgrade() {
+            return r;
+        }
+        let r = Arc::new(LockedRegion::new(p.lock_owned().await));
+        self.region = Arc::downgrade(&r);
+        r
+    }
+
+    /// Posts the receive of the chunk the in-order frame `r` names.
+    async fn post(&mut self, r: Received) -> Result<Result<Posted, Received>, StreamError> {
+        let Some((tag, tensor_id, len, offset)) = self.ucx_chunk(&r)? else { return Ok(Err(r)) };
+        let target = match self.placement.clone() {
+            Some(p) if p.accepts(tensor_id, offset, len) => {
+                self.posted_end = offset + len as u64;
+                RecvTarget::Placed { region: self.region(&p).await, offset: offset as usize, len }
             }
             _ => RecvTarget::Owned(vec![0u8; len]),
         };
         let rx = self.rv.worker.recv(tag, target);
-        let landed = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
+        Ok(Ok(Posted { frame: r, tag, len, offset, rx }))
+    }
+
+    /// A frame read while a receive is pending: posted at once when it is
+    /// the next chunk of the placed tensor, else kept for its turn.
+    async fn read_ahead(&mut self, r: Result<Option<Received>, StreamError>) {
+        let r = match r {
+            Ok(Some(r)) => r,
+            end => return self.ahead.push_back(Ahead::End(end)),
+        };
+        let chunk = match self.ucx_chunk(&r) {
+            Ok(Some(c)) => c,
+            _ => return self.ahead.push_back(Ahead::Frame(r)),
+        };
+        let (tag, tensor_id, len, offset) = chunk;
+        let placed = self.placement.clone().filter(|p| p.accepts(tensor_id, offset, len));
+        let (Some(p), true) = (placed, offset >= self.posted_end) else {
+            return self.ahead.push_back(Ahead::Frame(r));
+        };
+        self.posted_end = offset + len as u64;
+        let region = self.region(&p).await;
+        let rx = self.rv.worker.recv(tag, RecvTarget::Placed { region, offset: offset as usize, len });
+        self.ahead.push_back(Ahead::Posted(Posted { frame: r, tag, len, offset, rx }));
+    }
+
+    /// True while another frame may be read ahead: only chunks go ahead,
+    /// at most [`RECV_AHEAD`] receives are pending.
+    fn may_read_ahead(&self) -> bool {
+        self.ahead.len() + 1 < RECV_AHEAD && self.ahead.iter().all(|a| matches!(a, Ahead::Posted(_)))
+    }
+
+    /// Waits for the payload of `p`, reading (and posting) the frames
+    /// after it meanwhile.
+    async fn land(&mut self, p: Posted) -> Result<Received, StreamError> {
+        let Posted { mut frame, tag, len, offset, mut rx } = p;
+        let limit = self.rv.cfg.rendezvous_timeout;
+        let wait = async {
+            loop {
+                let more = self.may_read_ahead();
+                tokio::select! {
+                    biased;
+                    r = &mut rx => break r,
+                    // Cancel-safe: a stream's frames wait in a queue.
+                    r = self.inner.recv(), if more => self.read_ahead(r).await,
+                }
+            }
+        };
+        let landed = match tokio::time::timeout(limit, wait).await {
             Ok(Ok(Ok(b))) => b,
             // UCX fails a message longer than the posted buffer with
             // "Message truncated": the peer lied about raw_len.
@@ -219,17 +312,41 @@ impl RecvStream for UcxRecv {
         };
         if got != len {
             return Err(StreamError::Protocol {
-                peer: peer(),
+                peer: self.rv.peer.clone(),
                 reason: format!("UCX message {tag} has {got} bytes, its frame declared {len}"),
             });
         }
-        r.payload = payload;
-        Ok(Some(r))
+        frame.payload = payload;
+        Ok(frame)
+    }
+}
+
+#[async_trait]
+impl RecvStream for UcxRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        let next = match self.ahead.pop_front() {
+            Some(a) => a,
+            None => match self.inner.recv().await {
+                Ok(Some(r)) => Ahead::Frame(r),
+                end => Ahead::End(end),
+            },
+        };
+        let posted = match next {
+            Ahead::End(r) => return r,
+            Ahead::Posted(p) => p,
+            Ahead::Frame(r) => match self.post(r).await? {
+                Ok(p) => p,
+                Err(r) => return Ok(Some(r)),
+            },
+        };
+        self.land(posted).await.map(Some)
     }
 
     fn place(&mut self, target: Option<Placement>) {
         // Chunks that come through the socket are placed by the mux.
         self.placement = target.clone();
+        self.region = Weak::new();
+        self.posted_end = 0;
         self.inner.place(target)
     }
 

@@ -77,8 +77,35 @@ pub(crate) enum RecvTarget {
     /// A buffer of its own, handed back when the receive completes.
     Owned(Vec<u8>),
     /// `len` bytes at `offset` of a stream's placement buffer, kept locked
-    /// (and so alive and unmoved) by the guard until UCX is done with them.
-    Placed { guard: tokio::sync::OwnedMutexGuard<crate::RecvBuf>, offset: usize, len: usize },
+    /// (and so alive and unmoved) until every receive posted into it is
+    /// done with it.
+    Placed { region: Arc<LockedRegion>, offset: usize, len: usize },
+}
+
+/// A placement buffer locked for the UCX receives posted into it (several
+/// at once, into disjoint ranges: the receiver posts the next chunks of a
+/// tensor while the first is still arriving). The lock is released when
+/// the last receive holding it completes.
+pub(crate) struct LockedRegion {
+    base: *mut u8,
+    len: usize,
+    _guard: tokio::sync::OwnedMutexGuard<crate::RecvBuf>,
+}
+
+// SAFETY: `base` points into the buffer `_guard` keeps locked (no one else
+// reaches it), alive and unmoved for as long as this value lives; the
+// value itself only hands out that address for UCX to write through.
+unsafe impl Send for LockedRegion {}
+// SAFETY: as above; shared references read `base` and `len` only.
+unsafe impl Sync for LockedRegion {}
+
+impl LockedRegion {
+    /// Locks for UCX the buffer behind `guard`.
+    pub(crate) fn new(mut guard: tokio::sync::OwnedMutexGuard<crate::RecvBuf>) -> Self {
+        let buf: &mut [u8] = &mut guard;
+        let (base, len) = (buf.as_mut_ptr(), buf.len());
+        Self { base, len, _guard: guard }
+    }
 }
 
 impl RecvTarget {
@@ -87,9 +114,12 @@ impl RecvTarget {
     fn region(&mut self) -> Option<(*mut c_void, usize)> {
         match self {
             RecvTarget::Owned(b) => Some((b.as_mut_ptr() as *mut c_void, b.len())),
-            RecvTarget::Placed { guard, offset, len } => {
-                let slice = guard.get_mut(*offset..offset.checked_add(*len)?)?;
-                Some((slice.as_mut_ptr() as *mut c_void, slice.len()))
+            RecvTarget::Placed { region, offset, len } => {
+                if offset.checked_add(*len)? > region.len {
+                    return None;
+                }
+                // SAFETY: `offset + len` lies within the locked buffer.
+                Some((unsafe { region.base.add(*offset) } as *mut c_void, *len))
             }
         }
     }
