@@ -15,7 +15,12 @@ const BOXED: &[&str] = &[
     ".tensorwire.v1.Chunk.info",
 ];
 
-const PROTOS: &[&str] = &["tensorwire/v1/wire.proto", "tensorwire/v1/service.proto", "skytorch/torch/service.proto"];
+const PROTOS: &[&str] = &[
+    "tensorwire/v1/wire.proto",
+    "tensorwire/v1/service.proto",
+    "skytorch/torch/service.proto",
+    "tensorwire/bench/v1/peer.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {
@@ -23,8 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(PROTOS, ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
-    // Kept for gRPC server reflection (grpcurl list/describe).
-    fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;
+    // Kept for gRPC server reflection (grpcurl list/describe): the services
+    // a tensorwire server serves, not the bench's peer.
+    let mut served = fds.clone();
+    served.file.retain(|f| f.package() != "tensorwire.bench.v1");
+    fs::write(out.join("descriptor.bin"), served.encode_to_vec())?;
 
     #[cfg(feature = "grpc")]
     {

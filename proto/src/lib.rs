@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`v1`] | `tensorwire.v1` | frame headers (`FrameHeader`, `Chunk`, `Hello`, ...) and, with the `grpc` feature, `TensorService` |
 //! | [`compat`] | `skytorch.torch` | the Python skytorch tensor-streaming protocol, served unchanged |
+//! | [`bench`] | `tensorwire.bench.v1` | a plain byte stream, the bench's gRPC peer |
 //!
 //! All `bytes` fields are [`bytes::Bytes`], so payloads decoded from a buffer
 //! are slices of it, not copies.
@@ -32,6 +33,13 @@ pub mod v1 {
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod compat {
     include!(concat!(env!("OUT_DIR"), "/skytorch.torch.rs"));
+}
+
+/// `tensorwire.bench.v1`: a plain gRPC byte stream, the peer `tensorwire
+/// bench` compares the gRPC and tcp transports with (not part of the wire).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod bench {
+    include!(concat!(env!("OUT_DIR"), "/tensorwire.bench.v1.rs"));
 }
 
 /// The protocol version this crate speaks (`Hello.version`).

@@ -6,6 +6,8 @@
 //! alternates with its baseline over several rounds and reports medians,
 //! because loopback timings on shared machines are noisy.
 
+#[cfg(feature = "grpc")]
+use crate::harness::tonic_peer::TonicPeer;
 use crate::harness::{
     RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
     calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
@@ -167,6 +169,32 @@ fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), B
     Ok(())
 }
 
+/// `scheme`'s send and fetch against the plain tonic stream (1 MiB `bytes`
+/// messages over the same tuned HTTP/2, into a warm buffer) of the same
+/// size, measured in the same rounds.
+#[cfg(feature = "grpc")]
+fn peer_row(a: &BenchArgs, scheme: &str, size: usize, ours: [f64; 2], tonic: [f64; 2]) {
+    for ((dir, g), t) in ["send", "fetch"].into_iter().zip(ours).zip(tonic) {
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g,
+                    "tonic_peer_gib_per_s": t, "tonic_peer_ratio": g / t})
+            );
+        } else {
+            println!(
+                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs a plain tonic stream (1 MiB messages, 16 MiB windows, 1 MiB frames)",
+                scheme,
+                dir,
+                human(size),
+                g,
+                t,
+                g / t
+            );
+        }
+    }
+}
+
 /// What a [`RawSocket`] ceiling is, for the JSON rows.
 fn ceiling_name(raw: RawSocket) -> &'static str {
     match raw {
@@ -231,6 +259,9 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         );
     }
     let mut latency_rows = Vec::new();
+    // The plain tonic stream the gRPC and tcp transports are compared with.
+    #[cfg(feature = "grpc")]
+    let mut peer = None;
     for scheme in &a.transports {
         let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
@@ -241,10 +272,24 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         for &size in &sizes {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
             let (mut sent, mut fetched, mut base, mut fresh) = (vec![], vec![], vec![], vec![]);
+            #[cfg(feature = "grpc")]
+            let with_peer = matches!(scheme.as_str(), "grpc" | "tcp");
+            #[cfg(feature = "grpc")]
+            let (mut peer_sent, mut peer_fetched) = (vec![], vec![]);
             for _ in 0..rounds {
                 base.push(gib_per_s(size, raw_copy(raw, size, reps)?));
                 sent.push(gib_per_s(size, rt.block_on(send_time(&client, size, reps))?));
                 fetched.push(gib_per_s(size, rt.block_on(fetch_time(&client, size, reps))?));
+                #[cfg(feature = "grpc")]
+                if with_peer {
+                    let max = sizes.iter().copied().max().unwrap_or(size);
+                    let p = match &mut peer {
+                        Some(p) => p,
+                        None => peer.insert(TonicPeer::start(&rt, max)?),
+                    };
+                    peer_sent.push(gib_per_s(size, rt.block_on(p.push_time(size, reps))?));
+                    peer_fetched.push(gib_per_s(size, rt.block_on(p.pull_time(size, reps))?));
+                }
             }
             // The fresh-buffer copy, for its labelled column (a few copies: it is slow).
             for _ in 0..rounds {
@@ -273,6 +318,16 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                         f
                     );
                 }
+            }
+            #[cfg(feature = "grpc")]
+            if with_peer {
+                peer_row(
+                    &a,
+                    scheme,
+                    size,
+                    [median(sent.clone()), median(fetched.clone())],
+                    [median(peer_sent), median(peer_fetched)],
+                );
             }
             if raw == RawSocket::Memcpy && size >= 1 << 20 {
                 perftest_row(&a, scheme, size, &sent, &fetched);

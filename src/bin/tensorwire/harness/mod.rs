@@ -89,6 +89,8 @@ impl Drop for SocketFile {
 
 #[cfg(feature = "quic")]
 mod raw_quic;
+#[cfg(feature = "grpc")]
+pub mod tonic_peer;
 mod ucx_perftest;
 
 // The criterion benches include this folder without using it.
