@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`v1`] | `tensorwire.v1` | frame headers (`FrameHeader`, `Chunk`, `Hello`, ...) and, with the `grpc` feature, `TensorService` |
 //! | [`compat`] | `skytorch.torch` | the Python skytorch tensor-streaming protocol, served unchanged |
-//! | [`bench`] | `tensorwire.bench.v1` | a plain byte stream, the bench's gRPC peer |
+//! | [`bench`](mod@bench) | `tensorwire.bench.v1` | a plain byte stream, the bench's gRPC peer |
 //!
 //! All `bytes` fields are [`bytes::Bytes`], so payloads decoded from a buffer
 //! are slices of it, not copies.
