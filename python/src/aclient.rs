@@ -5,15 +5,60 @@
 //! once without a thread each. Cancelling the awaitable (a task's
 //! `cancel()`, `asyncio.wait_for`) drops the call, which resets its stream.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use pyo3_async_runtimes::tokio::future_into_py;
 use tensorwire::{Client, FetchRequest};
 
 use crate::client::{config, seconds, task_state};
 use crate::errors::call_error_nogil;
 use crate::tensors::{Received, all_from_py};
 use crate::values::{PyValue, to_args};
+
+/// Async calls whose Rust future has not finished yet.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one call in [`IN_FLIGHT`] while it lives.
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `pyo3_async_runtimes::tokio::future_into_py`, counted: the loop's
+/// future is completed from a thread of the tokio runtime that takes the
+/// GIL, and a thread taking the GIL while the interpreter finalizes aborts
+/// the process ("PyGILState_Release: thread state … must be current"). The
+/// package's exit hook waits for the count to reach zero (see
+/// `async_in_flight`).
+fn future_into_py<F, T>(py: Python<'_>, fut: F) -> PyResult<Bound<'_, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + Send + 'static,
+{
+    let counted = InFlight::new();
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let _counted = counted;
+        fut.await
+    })
+}
+
+/// Async calls still running (for the exit hook of `tensorwire.AsyncClient`).
+#[pyfunction]
+pub fn async_in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::SeqCst)
+}
 
 /// The async client (see `tensorwire.AsyncClient` for the documented API).
 #[pyclass(frozen, module = "tensorwire._native")]

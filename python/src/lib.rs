@@ -31,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
     m.add_class::<client::Exchange>()?;
     m.add_class::<aclient::NativeAsyncClient>()?;
+    m.add_function(wrap_pyfunction!(aclient::async_in_flight, m)?)?;
     m.add_class::<server::NativeServer>()?;
     Ok(())
 }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 from . import _convert as cv
 from ._errors import Error
-from ._native import NativeAsyncClient, NativeClient
+from ._native import NativeAsyncClient, NativeClient, async_in_flight
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +46,30 @@ def _answers(ex: Any, failed: List[BaseException]) -> Iterator["torch.Tensor"]:
             ex.cancel()
     if failed:
         raise failed[0]
+
+
+_drain_registered = False
+
+
+def _drain_async_at_exit() -> None:
+    """Registers (once) an exit hook that lets async calls finish handing
+    their results over: that hand-off takes the GIL from a runtime thread,
+    which aborts the process if it happens while the interpreter finalizes.
+    The hook runs before finalization, waits (at most 2 s) for the calls
+    still running, then yields the GIL briefly so that their hand-offs
+    return."""
+    global _drain_registered
+    if _drain_registered:
+        return
+    _drain_registered = True
+
+    def drain() -> None:
+        deadline = time.monotonic() + 2.0
+        while async_in_flight() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.02)
+
+    atexit.register(drain)
 
 
 def _one(name: str, got: List["torch.Tensor"]) -> "torch.Tensor":
@@ -279,6 +305,7 @@ class AsyncClient:
 
     async def _connect(self) -> NativeAsyncClient:
         if self._native is None:
+            _drain_async_at_exit()
             o = self._options
             self._native = await NativeAsyncClient.connect(
                 self.url, o.get("timeout"), o.get("retries"), o.get("retry_backoff"), o.get("auth_token"),
