@@ -119,7 +119,7 @@ impl TonicPeer {
         })
     }
 
-    /// Time to push `bytes` to the peer `reps` times.
+    /// Mean time to push `bytes` to the peer (over `reps` pushes).
     pub async fn push_time(&mut self, bytes: usize, reps: usize) -> Result<Duration, Status> {
         let t0 = Instant::now();
         for _ in 0..reps {
@@ -132,10 +132,11 @@ impl TonicPeer {
                 return Err(Status::data_loss(format!("the peer received {} of {n} bytes", ack.bytes)));
             }
         }
-        Ok(t0.elapsed())
+        Ok(t0.elapsed() / reps.max(1) as u32)
     }
 
-    /// Time to pull `bytes` from the peer `reps` times (copied into a warm buffer).
+    /// Mean time to pull `bytes` from the peer (over `reps` pulls, each
+    /// copied into a warm buffer).
     pub async fn pull_time(&mut self, bytes: usize, reps: usize) -> Result<Duration, Status> {
         let t0 = Instant::now();
         for _ in 0..reps {
@@ -152,7 +153,7 @@ impl TonicPeer {
                 return Err(Status::data_loss(format!("pulled {n} of {bytes} bytes")));
             }
         }
-        Ok(t0.elapsed())
+        Ok(t0.elapsed() / reps.max(1) as u32)
     }
 }
 
