@@ -21,6 +21,15 @@ pub(crate) enum Sock {
     Tcp(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     Unix(UnixStream),
+    /// Handed to the lingering close (see [`Io`]'s `Drop`).
+    Gone,
+}
+
+/// How long a closed connection's socket is drained before it is closed.
+const LINGER: Duration = Duration::from_secs(1);
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotConnected, "the socket is closed")
 }
 
 /// An accepted socket handed to tonic, failing its reads with `TimedOut`
@@ -29,12 +38,46 @@ pub(crate) struct Io {
     sock: Sock,
     preface: Option<Pin<Box<Sleep>>>,
     seen: usize,
+    /// Close by lingering (see `Drop`).
+    linger: bool,
 }
 
 impl Io {
     /// `sock`, which must send the HTTP/2 preface within `timeout`.
     pub(crate) fn new(sock: Sock, timeout: Duration) -> Self {
-        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0 }
+        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0, linger: true }
+    }
+}
+
+/// A lingering close. When the HTTP/2 server is done with a connection
+/// (after a graceful shutdown, the last stream's trailers just written),
+/// closing the socket at once while the client's frames (window updates)
+/// sit unread in it makes the kernel send a reset instead of a FIN, and the
+/// client can lose the end of a response it has not read yet — a fetch
+/// drained by a graceful shutdown then failed ("error reading a body from
+/// connection", ~1 in 50 runs). So the socket is shut down for writing and
+/// drained until the client closes too, at most [`LINGER`].
+impl Drop for Io {
+    fn drop(&mut self) {
+        if !self.linger || matches!(self.sock, Sock::Gone) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let sock = std::mem::replace(&mut self.sock, Sock::Gone);
+        let mut io = Io { sock, preface: None, seen: 0, linger: false };
+        rt.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ = tokio::time::timeout(LINGER, async {
+                let _ = io.shutdown().await;
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
     }
 }
 
@@ -45,7 +88,7 @@ impl Connected for Io {
         let tcp = match &self.sock {
             Sock::Tcp(s) => Some(s),
             Sock::Tls(s) => Some(s.get_ref().0),
-            Sock::Unix(_) => None,
+            Sock::Unix(_) | Sock::Gone => None,
         };
         TcpConnectInfo {
             local_addr: tcp.and_then(|s| s.local_addr().ok()),
@@ -69,6 +112,7 @@ macro_rules! delegate {
                 let $s = Pin::new($s);
                 $e
             }
+            Sock::Gone => Poll::Ready(Err(gone())),
         }
     };
 }
@@ -81,6 +125,7 @@ impl AsyncRead for Io {
             Sock::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Sock::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
             Sock::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Sock::Gone => return Poll::Ready(Err(gone())),
         };
         if let Some(deadline) = &mut this.preface {
             this.seen += buf.filled().len() - before;
@@ -115,6 +160,7 @@ impl AsyncWrite for Io {
             Sock::Tcp(s) => s.is_write_vectored(),
             Sock::Tls(s) => s.is_write_vectored(),
             Sock::Unix(s) => s.is_write_vectored(),
+            Sock::Gone => false,
         }
     }
 
