@@ -133,35 +133,44 @@ fn quic_1gib(c: &mut Criterion) {
 #[cfg(not(feature = "quic"))]
 fn quic_1gib(_: &mut Criterion) {}
 
-/// 256 MiB over gRPC (default settings) client→server and server→client,
-/// next to a raw TCP socket copy.
-#[cfg(feature = "grpc")]
-fn grpc_256mib(c: &mut Criterion) {
+/// 256 MiB over `scheme`, sent (`names[0]`) and fetched (`names[1]`), next
+/// to a raw TCP socket copy into a warm buffer, as one criterion group; the
+/// mean times come back as "raw", "send" and "fetch".
+#[cfg(any(feature = "grpc", feature = "ucx"))]
+fn send_fetch_256mib(c: &mut Criterion, scheme: &str, names: [&str; 2], measurement: Duration) -> ratio::Ratios {
     const SIZE: usize = 256 << 20;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let srv = server("grpc");
+    let srv = server(scheme);
     let client = rt.block_on(Client::connect(srv.url())).unwrap();
     let ratios = ratio::Ratios::default();
-    let mut g = c.benchmark_group("throughput-256MiB/grpc");
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(6));
+    let mut g = c.benchmark_group(format!("throughput-256MiB/{scheme}"));
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(measurement);
     g.throughput(Throughput::Bytes(SIZE as u64));
     g.bench_function("raw-tcp", |b| {
         b.iter_custom(|iters| {
             ratios.record("raw", iters, raw_copy(RawSocket::Tcp, SIZE, iters as usize).unwrap() * iters as u32)
         })
     });
-    g.bench_function("grpc-send", |b| {
+    g.bench_function(names[0], |b| {
         b.iter_custom(|iters| {
             ratios.record("send", iters, rt.block_on(send_time(&client, SIZE, iters as usize)).unwrap() * iters as u32)
         })
     });
-    g.bench_function("grpc-fetch", |b| {
+    g.bench_function(names[1], |b| {
         b.iter_custom(|iters| {
             let d = rt.block_on(fetch_time(&client, SIZE, iters as usize)).unwrap() * iters as u32;
             ratios.record("fetch", iters, d)
         })
     });
     g.finish();
+    ratios
+}
+
+/// 256 MiB over gRPC (default settings) client→server and server→client,
+/// next to a raw TCP socket copy.
+#[cfg(feature = "grpc")]
+fn grpc_256mib(c: &mut Criterion) {
+    let ratios = send_fetch_256mib(c, "grpc", ["grpc-send", "grpc-fetch"], Duration::from_secs(6));
     ratios.print_speed("grpc 256MiB client->server", "send", "raw");
     ratios.print_speed("grpc 256MiB server->client", "fetch", "raw");
 }
@@ -226,33 +235,7 @@ fn ucx_256mib(c: &mut Criterion) {
             return;
         }
     };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let srv = server("ucx");
-    let client = rt.block_on(Client::connect(srv.url())).unwrap();
-    let ratios = ratio::Ratios::default();
-    let mut g = c.benchmark_group("throughput-256MiB/ucx");
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
-    g.throughput(Throughput::Bytes(SIZE as u64));
-    g.bench_function("raw-tcp", |b| {
-        b.iter_custom(|iters| {
-            ratios.record("raw", iters, raw_copy(RawSocket::Tcp, SIZE, iters as usize).unwrap() * iters as u32)
-        })
-    });
-    g.bench_function("send", |b| {
-        b.iter_custom(|iters| {
-            ratios.record("send", iters, rt.block_on(send_time(&client, SIZE, iters as usize)).unwrap() * iters as u32)
-        })
-    });
-    g.bench_function("fetch", |b| {
-        b.iter_custom(|iters| {
-            ratios.record(
-                "fetch",
-                iters,
-                rt.block_on(fetch_time(&client, SIZE, iters as usize)).unwrap() * iters as u32,
-            )
-        })
-    });
-    g.finish();
+    let ratios = send_fetch_256mib(c, "ucx", ["send", "fetch"], Duration::from_secs(4));
     println!("ucx_perftest -t ucp_put_bw -s {SIZE}: {:.2} GiB/s (measured before the group)", perftest.gib_per_s);
     for dir in ["send", "fetch"] {
         if let Some(t) = ratios.mean(dir) {

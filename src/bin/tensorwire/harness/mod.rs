@@ -372,11 +372,62 @@ pub async fn function_calls_per_second(
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
-/// A server running on its own thread and runtime, stopped when dropped.
-pub struct ServerThread {
-    url: String,
+/// A thread running a server on a runtime of its own until dropped: the
+/// server reports that it started (with e.g. its URL) on `ready`, then
+/// runs until `stop` resolves; dropping this stops it and joins the thread.
+pub struct Background {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Runs `serve(ready, stop)` on a thread named `name` with `workers`
+    /// runtime threads; returns once it reported ready (or failed).
+    pub fn start<T, Fut>(
+        name: &str,
+        workers: usize,
+        serve: impl FnOnce(std::sync::mpsc::Sender<Result<T, String>>, tokio::sync::oneshot::Receiver<()>) -> Fut
+        + Send
+        + 'static,
+    ) -> Result<(Background, T), String>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread_name = name.to_string();
+        let join = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_multi_thread().worker_threads(workers.max(1)).enable_all().build() {
+                    Ok(rt) => rt.block_on(serve(ready_tx, stop_rx)),
+                    Err(e) => drop(ready_tx.send(Err(format!("{thread_name}: no runtime: {e}")))),
+                }
+            })
+            .map_err(|e| format!("{name}: no thread: {e}"))?;
+        let bg = Background { stop: Some(stop_tx), join: Some(join) };
+        let ready = ready_rx.recv().map_err(|_| format!("{name} ended before it started"))??;
+        Ok((bg, ready))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// A tensorwire server running on its own thread and runtime, stopped when
+/// dropped.
+pub struct ServerThread {
+    url: String,
+    _thread: Background,
 }
 
 impl ServerThread {
@@ -386,61 +437,24 @@ impl ServerThread {
         url: &str,
         workers: usize,
         build: impl FnOnce() -> tensorwire::ServerBuilder + Send + 'static,
-    ) -> Result<ServerThread, tensorwire::ServeError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    ) -> Result<ServerThread, String> {
         let url = url.to_string();
-        let join = std::thread::Builder::new()
-            .name("tensorwire-bench-server".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(workers.max(1))
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(tensorwire::ServeError::Listen(tensorwire::ListenError::Io {
-                            endpoint: url,
-                            source: e,
-                        })));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    match build().build().start([url]).await {
-                        Ok(server) => {
-                            let _ = ready_tx.send(Ok(server.url()));
-                            let _ = stop_rx.await;
-                            server.shutdown().await;
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                        }
-                    }
-                });
-            })
-            .map_err(|e| {
-                tensorwire::ServeError::Listen(tensorwire::ListenError::Io { endpoint: "thread".into(), source: e })
-            })?;
-        let url = ready_rx.recv().map_err(|_| tensorwire::ServeError::NoListeners)??;
-        Ok(ServerThread { url, stop: Some(stop_tx), join: Some(join) })
+        let (thread, url) = Background::start("tensorwire-bench-server", workers, move |ready, stop| async move {
+            match build().build().start([url.as_str()]).await {
+                Ok(server) => {
+                    let _ = ready.send(Ok(server.url()));
+                    let _ = stop.await;
+                    server.shutdown().await;
+                }
+                Err(e) => drop(ready.send(Err(format!("{url}: {e}")))),
+            }
+        })?;
+        Ok(ServerThread { url, _thread: thread })
     }
 
     /// The URL clients connect to.
     pub fn url(&self) -> &str {
         &self.url
-    }
-}
-
-impl Drop for ServerThread {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(j) = self.join.take() {
-            let _ = j.join();
-        }
     }
 }
 

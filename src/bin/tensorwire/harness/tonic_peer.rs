@@ -17,7 +17,7 @@ use tensorwire_proto::bench::bytes_peer_server::{BytesPeer, BytesPeerServer};
 use tensorwire_proto::bench::{Ack, Blob, PullRequest};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::warm_buffer;
+use super::{Background, warm_buffer};
 
 /// Bytes per message, as the seed streams its chunks.
 pub const MESSAGE_BYTES: usize = 1 << 20;
@@ -63,8 +63,7 @@ pub struct TonicPeer {
     /// The client's warm receive buffer and send source.
     buf: Vec<u8>,
     source: Bytes,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: Background,
 }
 
 impl TonicPeer {
@@ -74,49 +73,30 @@ impl TonicPeer {
         max_bytes: usize,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let config = TransportConfig::default();
-        let (url_tx, url_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let cfg = config.clone();
-        let thread = std::thread::Builder::new().name("tonic-peer".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => return drop(url_tx.send(Err(e.to_string()))),
+        let (server, url) = Background::start("tonic-peer", 1, move |ready, stop| async move {
+            let peer = Peer {
+                sink: tokio::sync::Mutex::new(warm_buffer(max_bytes)),
+                source: Bytes::from(warm_buffer(max_bytes)),
             };
-            rt.block_on(async move {
-                let peer = Peer {
-                    sink: tokio::sync::Mutex::new(warm_buffer(max_bytes)),
-                    source: Bytes::from(warm_buffer(max_bytes)),
-                };
-                let mut routes = tonic::service::Routes::default();
-                routes = routes.add_service(
-                    BytesPeerServer::new(peer)
-                        .max_decoding_message_size(usize::MAX)
-                        .max_encoding_message_size(usize::MAX),
-                );
-                let ep = Endpoint::parse("grpc://127.0.0.1:0").expect("a valid URL");
-                match tensorwire_transports::grpc::listen_with(&ep, &cfg, routes).await {
-                    Ok(l) => {
-                        let _ = url_tx.send(Ok(l.local_endpoint().to_string()));
-                        let _ = stopped.await;
-                        drop(l);
-                    }
-                    Err(e) => drop(url_tx.send(Err(e.to_string()))),
+            let routes = tonic::service::Routes::default().add_service(
+                BytesPeerServer::new(peer).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX),
+            );
+            let ep = Endpoint::parse("grpc://127.0.0.1:0").expect("a valid URL");
+            match tensorwire_transports::grpc::listen_with(&ep, &cfg, routes).await {
+                Ok(l) => {
+                    let _ = ready.send(Ok(l.local_endpoint().to_string()));
+                    let _ = stop.await;
                 }
-            });
+                Err(e) => drop(ready.send(Err(e.to_string()))),
+            }
         })?;
-        let url = url_rx.recv().map_err(|_| "the tonic peer thread ended")??;
         let ep = Endpoint::parse(&url)?;
         let chan = rt.block_on(tensorwire_transports::grpc::channel(&ep, &config))?;
         let client = BytesPeerClient::with_origin(chan.clone(), chan.origin().clone())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        Ok(Self {
-            client,
-            buf: warm_buffer(max_bytes),
-            source: Bytes::from(warm_buffer(max_bytes)),
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        Ok(Self { client, buf: warm_buffer(max_bytes), source: Bytes::from(warm_buffer(max_bytes)), _server: server })
     }
 
     /// Mean time to push `bytes` to the peer (over `reps` pushes).
@@ -154,16 +134,5 @@ impl TonicPeer {
             }
         }
         Ok(t0.elapsed() / reps.max(1) as u32)
-    }
-}
-
-impl Drop for TonicPeer {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
