@@ -240,18 +240,32 @@ impl UcxRecv {
         r
     }
 
+    /// Where the chunk at `offset..offset + len` of `tensor_id` lands in the
+    /// placement buffer, if it belongs there; a chunk read ahead only past
+    /// the receives already posted (their ranges never overlap).
+    async fn placed(&mut self, tensor_id: u64, offset: u64, len: usize, ahead: bool) -> Option<RecvTarget> {
+        let p = self.placement.clone().filter(|p| p.accepts(tensor_id, offset, len))?;
+        if ahead && offset < self.posted_end {
+            return None;
+        }
+        self.posted_end = offset + len as u64;
+        Some(RecvTarget::Placed { region: self.region(&p).await, offset: offset as usize, len })
+    }
+
+    /// Hands the receive of `frame`'s payload to the worker.
+    fn submit(&self, frame: Received, tag: u64, len: usize, offset: u64, target: RecvTarget) -> Posted {
+        let rx = self.rv.worker.recv(tag, target);
+        Posted { frame, tag, len, offset, rx }
+    }
+
     /// Posts the receive of the chunk the in-order frame `r` names.
     async fn post(&mut self, r: Received) -> Result<Result<Posted, Received>, StreamError> {
         let Some((tag, tensor_id, len, offset)) = self.ucx_chunk(&r)? else { return Ok(Err(r)) };
-        let target = match self.placement.clone() {
-            Some(p) if p.accepts(tensor_id, offset, len) => {
-                self.posted_end = offset + len as u64;
-                RecvTarget::Placed { region: self.region(&p).await, offset: offset as usize, len }
-            }
-            _ => RecvTarget::Owned(vec![0u8; len]),
+        let target = match self.placed(tensor_id, offset, len, false).await {
+            Some(t) => t,
+            None => RecvTarget::Owned(vec![0u8; len]),
         };
-        let rx = self.rv.worker.recv(tag, target);
-        Ok(Ok(Posted { frame: r, tag, len, offset, rx }))
+        Ok(Ok(self.submit(r, tag, len, offset, target)))
     }
 
     /// A frame read while a receive is pending: posted at once when it is
@@ -261,19 +275,16 @@ impl UcxRecv {
             Ok(Some(r)) => r,
             end => return self.ahead.push_back(Ahead::End(end)),
         };
-        let chunk = match self.ucx_chunk(&r) {
-            Ok(Some(c)) => c,
-            _ => return self.ahead.push_back(Ahead::Frame(r)),
-        };
-        let (tag, tensor_id, len, offset) = chunk;
-        let placed = self.placement.clone().filter(|p| p.accepts(tensor_id, offset, len));
-        let (Some(p), true) = (placed, offset >= self.posted_end) else {
+        let Ok(Some((tag, tensor_id, len, offset))) = self.ucx_chunk(&r) else {
             return self.ahead.push_back(Ahead::Frame(r));
         };
-        self.posted_end = offset + len as u64;
-        let region = self.region(&p).await;
-        let rx = self.rv.worker.recv(tag, RecvTarget::Placed { region, offset: offset as usize, len });
-        self.ahead.push_back(Ahead::Posted(Posted { frame: r, tag, len, offset, rx }));
+        match self.placed(tensor_id, offset, len, true).await {
+            Some(target) => {
+                let posted = self.submit(r, tag, len, offset, target);
+                self.ahead.push_back(Ahead::Posted(posted));
+            }
+            None => self.ahead.push_back(Ahead::Frame(r)),
+        }
     }
 
     /// True while another frame may be read ahead: only chunks go ahead,
