@@ -3,15 +3,42 @@
 //! buffer serves any tensor that fits). Transports write placed chunks into
 //! it ([`Placement`](crate::Placement)); the `tensorwire` crate's receive
 //! pool recycles it.
+//!
+//! Fresh memory is the cost of a large receive on a VM (each page faulted
+//! in and zeroed by the kernel: ~1 GiB/s on this project's machines, more
+//! than the socket takes to fill it). So a large buffer is mapped straight
+//! from the kernel, whose pages are already zero (no `memset` pass that
+//! would fault everything in before the first byte is read), and from
+//! [`PREFAULT_FROM`] bytes up a helper thread faults its pages in from the
+//! back while the receiver fills it from the front, so the two cores share
+//! the faults. The helper stops when the buffer is dropped.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Buffers of at least this many bytes are page-aligned (smaller ones are
 /// aligned to a cache line, enough for every dtype).
 pub const PAGE_ALIGNED_FROM: usize = 64 << 10;
 const PAGE: usize = 4096;
 const LINE: usize = 64;
+/// Buffers of at least this many bytes are mapped from the kernel (zero
+/// pages, unmapped on drop) rather than taken from the allocator.
+pub const MAPPED_FROM: usize = 2 << 20;
+/// Buffers of at least this many bytes get a helper thread that faults
+/// their pages in ahead of the receiver (see the module docs).
+pub const PREFAULT_FROM: usize = 32 << 20;
+/// Most helper threads faulting at once (process-wide); a buffer allocated
+/// while all are busy simply gets none.
+const MAX_PREFAULTERS: usize = 2;
+/// Bytes one helper step faults in before checking whether to stop.
+const PREFAULT_STEP: usize = 4 << 20;
+/// `madvise` advice: fault pages in writable without writing them (Linux
+/// 5.14); older kernels answer EINVAL and the helper stops.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+static PREFAULTERS: AtomicUsize = AtomicUsize::new(0);
 
 /// An owned byte buffer: `capacity` zero-initialised bytes from the global
 /// allocator (aligned to a page from [`PAGE_ALIGNED_FROM`] bytes up), of
@@ -20,8 +47,71 @@ pub struct RecvBuf {
     ptr: NonNull<u8>,
     len: usize,
     cap: usize,
-    /// The alignment it was allocated with (freed with the same).
-    align: usize,
+    /// How it was allocated (and is freed).
+    backing: Backing,
+    /// The helper faulting pages in, if any (stopped and joined before the
+    /// mapping goes).
+    prefault: Option<Prefaulter>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backing {
+    /// The global allocator, with this alignment.
+    Heap(usize),
+    /// An anonymous private mapping of `cap` bytes.
+    Mapped,
+}
+
+/// A helper thread populating a mapping's pages from the back.
+struct Prefaulter {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefaulter {
+    /// Starts one over `cap` bytes at `ptr`, unless [`MAX_PREFAULTERS`] run.
+    fn start(ptr: NonNull<u8>, cap: usize) -> Option<Prefaulter> {
+        if PREFAULTERS.fetch_add(1, Ordering::AcqRel) >= MAX_PREFAULTERS {
+            PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let base = ptr.as_ptr() as usize;
+        let spawned = std::thread::Builder::new().name("tw-prefault".into()).spawn(move || {
+            let mut end = cap;
+            while end > 0 && !flag.load(Ordering::Relaxed) {
+                let start = end.saturating_sub(PREFAULT_STEP);
+                // SAFETY: [base+start, base+end) lies inside the mapping,
+                // which outlives this thread (the owner joins it before
+                // unmapping). MADV_POPULATE_WRITE only faults pages in; it
+                // never changes bytes already written by the receiver.
+                let rc =
+                    unsafe { libc::madvise((base + start) as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };
+                if rc != 0 {
+                    break;
+                }
+                end = start;
+            }
+            PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
+        });
+        match spawned {
+            Ok(t) => Some(Prefaulter { stop, thread: Some(t) }),
+            Err(_) => {
+                PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Prefaulter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 // SAFETY: `RecvBuf` owns its allocation exclusively (like `Vec<u8>`).
@@ -43,9 +133,35 @@ impl RecvBuf {
             return Some(Self::default());
         }
         let layout = Self::layout(len)?;
+        if layout.size() >= MAPPED_FROM {
+            let cap = layout.size();
+            // SAFETY: a fresh anonymous private mapping; no address hint.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    cap,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            let ptr = NonNull::new(p.cast::<u8>())?;
+            let prefault = if cap >= PREFAULT_FROM { Prefaulter::start(ptr, cap) } else { None };
+            return Some(Self { ptr, len, cap, backing: Backing::Mapped, prefault });
+        }
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        Some(Self { ptr: NonNull::new(p)?, len, cap: layout.size(), align: layout.align() })
+        Some(Self {
+            ptr: NonNull::new(p)?,
+            len,
+            cap: layout.size(),
+            backing: Backing::Heap(layout.align()),
+            prefault: None,
+        })
     }
 
     /// Bytes allocated (at least [`len`](Self::len)).
@@ -77,17 +193,29 @@ impl RecvBuf {
 
 impl Default for RecvBuf {
     fn default() -> Self {
-        Self { ptr: NonNull::dangling(), len: 0, cap: 0, align: 1 }
+        Self { ptr: NonNull::dangling(), len: 0, cap: 0, backing: Backing::Heap(1), prefault: None }
     }
 }
 
 impl Drop for RecvBuf {
     fn drop(&mut self) {
-        if self.cap > 0
-            && let Ok(layout) = Layout::from_size_align(self.cap, self.align)
-        {
-            // SAFETY: allocated in `try_zeroed` with exactly this layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+        // Stop and join the helper before its pages go.
+        drop(self.prefault.take());
+        if self.cap == 0 {
+            return;
+        }
+        match self.backing {
+            Backing::Mapped => {
+                // SAFETY: mapped in `try_zeroed` with exactly this length;
+                // nothing refers to it any more (the helper has been joined).
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.cap) };
+            }
+            Backing::Heap(align) => {
+                if let Ok(layout) = Layout::from_size_align(self.cap, align) {
+                    // SAFETY: allocated in `try_zeroed` with exactly this layout.
+                    unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+                }
+            }
         }
     }
 }
@@ -149,5 +277,29 @@ mod tests {
         let edge = RecvBuf::try_zeroed(PAGE_ALIGNED_FROM - 1).unwrap();
         assert_eq!(edge.capacity(), PAGE_ALIGNED_FROM);
         drop(edge);
+    }
+
+    #[test]
+    fn mapped_buffers_are_zero_keep_what_is_written_while_prefaulted_and_free_on_drop() {
+        let n = PREFAULT_FROM + 12345;
+        let mut b = RecvBuf::try_zeroed(n).unwrap();
+        assert_eq!(b.backing, Backing::Mapped);
+        assert_eq!(b.as_ptr() as usize % PAGE, 0);
+        // Written from the front while the helper populates from the back:
+        // nothing it does changes a byte.
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i % 251) as u8;
+        }
+        assert!(b.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+        let tail = b.capacity() - n;
+        assert!(b.set_len(b.capacity()));
+        assert!(b[n..].iter().all(|&x| x == 0) && tail < PAGE);
+        // Dropping joins the helper, even mid-way.
+        drop(b);
+        let quick = RecvBuf::try_zeroed(n).unwrap();
+        drop(quick);
+        let mid = RecvBuf::try_zeroed(MAPPED_FROM).unwrap();
+        assert_eq!(mid.backing, Backing::Mapped);
+        assert!(mid.prefault.is_none() && mid.iter().all(|&x| x == 0));
     }
 }
