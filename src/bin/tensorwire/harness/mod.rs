@@ -88,7 +88,7 @@ impl Drop for SocketFile {
 }
 
 #[cfg(feature = "quic")]
-mod raw_quic;
+pub(crate) mod raw_quic;
 #[cfg(feature = "grpc")]
 pub mod tonic_peer;
 mod ucx_perftest;

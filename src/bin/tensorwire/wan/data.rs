@@ -291,6 +291,46 @@ pub fn random_bytes(n: usize, seed: u64) -> Tensor {
     Tensor::from_vec([n], v).expect("uint8 tensor")
 }
 
+/// An estimate of the best ratio any lossless coder of the XOR delta
+/// `prev ^ next` can reach, element by element: the entropy of where each
+/// element's highest changed bit lies, plus every bit below it, taken as
+/// incompressible (the low mantissa bits SGD changes are noise-like). Dense
+/// training moves every fp32 weight by a relative ~1e-4…1e-3, which leaves
+/// 10–14 low bits changed per weight, so fp32 deltas cannot shrink ~10×;
+/// bf16 keeps only 7 mantissa bits and most of its elements do not change.
+/// Returns `None` for dtypes other than 2- and 4-byte floats.
+pub fn xor_delta_limit(prev: &Tensor, next: &Tensor) -> Option<f64> {
+    let size = match prev.dtype() {
+        DType::Float32 => 4,
+        DType::BFloat16 | DType::Float16 => 2,
+        _ => return None,
+    };
+    let (a, b) = (prev.as_bytes().ok()?, next.as_bytes().ok()?);
+    if a.len() != b.len() || a.is_empty() {
+        return None;
+    }
+    // counts[k]: elements whose highest changed bit is bit k-1 (k = 0: unchanged).
+    let mut counts = [0u64; 33];
+    for (x, y) in a.chunks_exact(size).zip(b.chunks_exact(size)) {
+        let mut w = [0u8; 4];
+        for i in 0..size {
+            w[i] = x[i] ^ y[i];
+        }
+        counts[(32 - u32::from_le_bytes(w).leading_zeros()) as usize] += 1;
+    }
+    let n = (a.len() / size) as f64;
+    let bits: f64 = counts
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(k, &c)| {
+            let p = c as f64 / n;
+            p * (-p.log2() + k.saturating_sub(1) as f64)
+        })
+        .sum();
+    Some((size * 8) as f64 / bits.max(1e-9))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +351,21 @@ mod tests {
         assert!(zeros > 0 && zeros < a.numel(), "{zeros} zeros");
         assert_eq!(to_int8(&w1).dtype(), DType::Int8);
         assert_eq!(random_bytes(100, 3).nbytes(), 100);
+    }
+
+    #[test]
+    fn the_xor_delta_limit_follows_the_changed_bits() {
+        let t = |v: Vec<f32>| Tensor::from_vec([v.len()], v).unwrap();
+        let base: Vec<f32> = (0..4096).map(|i| 1.0 + i as f32 / 4096.0).collect();
+        // Every other element has its lowest bit flipped: one bit (changed or not) per element.
+        let flipped: Vec<f32> =
+            base.iter().enumerate().map(|(i, x)| f32::from_bits(x.to_bits() ^ (i as u32 & 1))).collect();
+        let limit = xor_delta_limit(&t(base.clone()), &t(flipped)).unwrap();
+        assert!((limit - 32.0).abs() < 1e-6, "{limit}");
+        // The low 16 bits of every element change: the 15 below the highest count, as noise.
+        let noisy: Vec<f32> = base.iter().map(|x| f32::from_bits(x.to_bits() ^ 0xffff)).collect();
+        let limit = xor_delta_limit(&t(base.clone()), &t(noisy)).unwrap();
+        assert!((limit - 32.0 / 15.0).abs() < 1e-6, "{limit}");
+        assert_eq!(xor_delta_limit(&to_int8(&t(base.clone())), &to_int8(&t(base))), None);
     }
 }

@@ -34,6 +34,13 @@ use link::{Link, LinkSpec, Side};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Every connection's first transfer, untimed (rows and ceilings alike):
+/// 16 MiB, the least the client's link estimate takes.
+const WARM_UP_BYTES: usize = 16 << 20;
+
+/// The short transfer the ceilings time right after their bulk one.
+const SHORT_BYTES: usize = 1 << 20;
+
 /// ZipNN's published lossless ratios (arXiv 2411.05239), printed beside ours.
 const ZIPNN_BF16: f64 = 1.5;
 const ZIPNN_FP32: f64 = 1.2;
@@ -196,22 +203,23 @@ fn set_tcp_congestion(s: &std::net::TcpStream, cc: &str) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Raw TCP over the link: a plain socket writing `bytes` in 1 MiB writes,
-/// read by the other side, which answers one byte per `bytes` received.
-/// Twice on one connection, as the rows do (once to warm up, i.e. to leave
-/// slow start, once timed); returns the seconds of the second copy until
-/// its answer arrives (the same end point as a `send`).
-fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
+/// Raw TCP over the link: a plain socket writing in 1 MiB writes, read by
+/// the other side, which answers one byte per transfer. The transfers of
+/// `sizes` go in order on one connection (the first warms up, as a row's
+/// warm-up does); returns each one's seconds until its answer arrives (the
+/// same end point as a `send`).
+fn raw_tcp(link: &Link, sizes: Vec<usize>, cc: &str) -> Result<Vec<f64>, BoxError> {
     let cc = cc.to_string();
     let addr = format!("{}:7299", link.addr(Side::B));
     let listen = addr.clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server_sizes = sizes.clone();
     let server = link.spawn_in(Side::B, move || -> std::io::Result<()> {
         let l = std::net::TcpListener::bind(&listen)?;
         let _ = ready_tx.send(());
         let (mut s, _) = l.accept()?;
         let mut buf = vec![0u8; 1 << 20];
-        for _ in 0..2 {
+        for bytes in server_sizes {
             let mut left = bytes;
             while left > 0 {
                 let n = s.read(&mut buf[..left.min(1 << 20)])?;
@@ -225,13 +233,13 @@ fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
         Ok(())
     });
     ready_rx.recv().map_err(|_| "raw TCP server failed to start")?;
-    let client = link.spawn_in(Side::A, move || -> std::io::Result<f64> {
+    let client = link.spawn_in(Side::A, move || -> std::io::Result<Vec<f64>> {
         let buf = vec![7u8; 1 << 20];
         let mut s = std::net::TcpStream::connect(&addr)?;
         s.set_nodelay(true)?;
         set_tcp_congestion(&s, &cc)?;
-        let mut secs = 0.0;
-        for _ in 0..2 {
+        let mut times = vec![];
+        for bytes in sizes {
             let t = Instant::now();
             let mut left = bytes;
             while left > 0 {
@@ -241,13 +249,88 @@ fn raw_tcp(link: &Link, bytes: usize, cc: &str) -> Result<f64, BoxError> {
             }
             let mut one = [0u8; 1];
             s.read_exact(&mut one)?;
-            secs = t.elapsed().as_secs_f64();
+            times.push(t.elapsed().as_secs_f64());
         }
-        Ok(secs)
+        Ok(times)
     });
-    let secs = client.join().map_err(|_| "raw TCP client panicked")???;
+    let times = client.join().map_err(|_| "raw TCP client panicked")???;
     server.join().map_err(|_| "raw TCP server panicked")???;
-    Ok(secs)
+    Ok(times)
+}
+
+/// A raw quinn stream over the link (quinn with tensorwire's QUIC settings
+/// and congestion controller `cc`, no framing or codec): the QUIC
+/// ceiling. Transfers `sizes` in order on one connection (the first warms
+/// up, as the rows do); returns each one's seconds (stream opened →
+/// acknowledgement).
+#[cfg(feature = "quic")]
+fn raw_quinn(link: &Link, cc: &str, sizes: Vec<usize>) -> Result<Vec<f64>, BoxError> {
+    use crate::harness::{Receive, raw_quic};
+    let mut cfg = tensorwire::TransportConfig::default();
+    cfg.quic.congestion = cc.parse()?;
+    let server_ns = link.netns(Side::B).to_string();
+    let at = raw_quic::Placement {
+        server_bind: format!("{}:0", link.addr(Side::B)).parse()?,
+        client_bind: format!("{}:0", link.addr(Side::A)).parse()?,
+        enter_server: Box::new(move || link::enter(&server_ns)),
+    };
+    let h = link.spawn_in(Side::A, move || raw_quic::transfers(&cfg, at, sizes, Receive::Warm));
+    let times = h.join().map_err(|_| "raw quinn client panicked")???;
+    Ok(times.iter().map(|d| d.as_secs_f64()).collect())
+}
+
+/// The ceilings over the link, measured before the rows: a raw TCP socket
+/// with the tcp rows' congestion controller, and a raw quinn stream per
+/// QUIC congestion controller among the transports. Each moves a warm-up
+/// transfer, then `--link-size` bytes (the bulk ceiling, with its link
+/// utilisation), then [`SHORT_BYTES`] right after it: what a short send
+/// such as a checkpoint delta can take on a connection that has just
+/// carried a bulk one (a congestion controller that overshoots shows here).
+fn ceilings(link: &Link, a: &WanArgs, json: bool) -> Result<(), BoxError> {
+    let spec = link.spec();
+    let bytes = parse_size(&a.link_size)?;
+    let sizes = vec![WARM_UP_BYTES, bytes, SHORT_BYTES];
+    let report = |what: &str, times: &[f64], wire: u64| {
+        // The wire bytes of the bulk transfer: its share of the three.
+        let wire = wire as f64 * bytes as f64 / sizes.iter().sum::<usize>() as f64;
+        let util = wire / times[1] / spec.bytes_per_sec();
+        let ideal = SHORT_BYTES as f64 / spec.bytes_per_sec() + spec.rtt.as_secs_f64();
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"link": spec.to_string(), "ceiling": what, "bytes": bytes,
+                    "seconds": times[1], "link_utilisation": util,
+                    "short_bytes": SHORT_BYTES, "short_seconds": times[2], "short_ideal_seconds": ideal})
+            );
+        } else {
+            println!(
+                "  {what:<26} {} MiB: {:.2} s, link utilisation {:.0}%; then {} MiB: {:.3} s (rate + one RTT: {ideal:.3} s)",
+                bytes >> 20,
+                times[1],
+                util * 100.0,
+                SHORT_BYTES >> 20,
+                times[2],
+            );
+        }
+    };
+    if !json {
+        println!("link {spec} (netns + TUN relay + tbf); ceilings over the same link, same run:");
+    }
+    let before = link.stats().bytes_a_to_b();
+    let times = raw_tcp(link, sizes.clone(), &a.tcp_congestion)?;
+    report(&format!("raw tcp socket ({})", a.tcp_congestion), &times, link.stats().bytes_a_to_b() - before);
+    for t in &a.link_transports {
+        let Some(cc) = t.strip_prefix("quic-") else { continue };
+        #[cfg(feature = "quic")]
+        {
+            let before = link.stats().bytes_a_to_b();
+            let times = raw_quinn(link, cc, sizes.clone())?;
+            report(&format!("raw quinn stream ({cc})"), &times, link.stats().bytes_a_to_b() - before);
+        }
+        #[cfg(not(feature = "quic"))]
+        let _ = cc;
+    }
+    Ok(())
 }
 
 /// The tensors of each data kind, and the delta pair.
@@ -309,11 +392,10 @@ async fn connect(url: &str, compress: &str) -> Result<Client, BoxError> {
     Ok(Client::connect_with(url, config).await?)
 }
 
-/// A warm-up transfer of random bytes (16 MiB: the least the client's link
-/// estimate takes), so that the congestion window is open and `auto` has a
-/// measured link rate.
+/// A warm-up transfer of random bytes ([`WARM_UP_BYTES`]), so that the
+/// congestion window is open and `auto` has a measured link rate.
 async fn warm_up(c: &Client) -> Result<(), BoxError> {
-    let t = data::random_bytes(16 << 20, 99).with_name("warm-up");
+    let t = data::random_bytes(WARM_UP_BYTES, 99).with_name("warm-up");
     c.send([t]).await?;
     Ok(())
 }
@@ -455,7 +537,25 @@ fn print_rows(rows: &[Row], json: bool) {
 }
 
 /// Prints the best lossless ratio we measured on the trained weights next to ZipNN's.
-fn print_zipnn(rows: &[Row], json: bool) {
+fn print_zipnn(rows: &[Row], ds: &Dataset, json: bool) {
+    for (label, prev, next) in &ds.delta {
+        let Some(limit) = data::xor_delta_limit(prev, next) else { continue };
+        let best = rows
+            .iter()
+            .filter(|r| r.data == *label && r.compress.starts_with("delta"))
+            .map(|r| r.compression_ratio)
+            .fold(0.0, f64::max);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"data": label, "best_delta_ratio": best, "xor_delta_entropy_limit": limit})
+            );
+        } else {
+            println!(
+                "{label}: delta ratio on the wire {best:.2}x; estimated limit of any lossless XOR delta {limit:.2}x (entropy of each element's highest changed bit + the bits below it)"
+            );
+        }
+    }
     for (data, zipnn) in [("bf16-trained", ZIPNN_BF16), ("fp32-trained", ZIPNN_FP32)] {
         let best = rows
             .iter()
@@ -490,29 +590,10 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     let ds = make_data(&a)?;
     let link = Link::up(spec).map_err(|e| format!("cannot set up the emulated link: {e}"))?;
     let servers = start_servers(&link, &a.link_transports, &a.tcp_congestion)?;
-    // The ceiling moves as many bytes as a row (--link-size).
-    let ceiling_bytes = parse_size(&a.link_size)?;
-    let before = link.stats().bytes_a_to_b();
-    let raw_secs = raw_tcp(&link, ceiling_bytes, &a.tcp_congestion)?;
-    let raw_wire = (link.stats().bytes_a_to_b() - before) / 2;
-    let raw_util = raw_wire as f64 / raw_secs / spec.bytes_per_sec();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"link": spec.to_string(), "tcp_congestion": a.tcp_congestion, "ceiling": "raw tcp socket", "bytes": ceiling_bytes,
-                "seconds": raw_secs, "link_utilisation": raw_util})
-        );
-    } else {
-        println!(
-            "link {spec} (netns + TUN relay + tbf), TCP {}: raw TCP socket, {} MiB: {raw_secs:.2} s, link utilisation {:.0}% (the ceiling)",
-            a.tcp_congestion,
-            ceiling_bytes >> 20,
-            raw_util * 100.0
-        );
-    }
+    ceilings(&link, &a, json)?;
     let rows = measure_rows(&link, &servers, &ds, &a)?;
     print_rows(&rows, json);
-    print_zipnn(&rows, json);
+    print_zipnn(&rows, &ds, json);
     if let Some(path) = &a.plot {
         std::fs::write(path, plot::svg(&rows, &spec.to_string()))?;
         if !json {
