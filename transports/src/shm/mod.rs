@@ -21,10 +21,11 @@
 //! - **Warm segments only.** A new segment is faulted in page by page (~1
 //!   GiB/s on the VMs this was measured on), slower than the socket into
 //!   the receiver's warm receive pool (4–6 GiB/s). So a tensor no pooled
-//!   segment fits goes through the socket, and a segment of its size is made
-//!   on a low-priority thread for the next one: a one-shot sender from a
-//!   new process never waits for page faults, steady traffic moves to
-//!   shared memory from its second tensor on. Tensors too large to pool
+//!   segment fits goes through the socket; from the second such tensor of a
+//!   size on, a segment of that size is made on a low-priority thread for
+//!   the next one. A one-shot sender from a new process never waits for
+//!   page faults (nor competes with a warming thread); steady traffic moves
+//!   to shared memory from its third tensor on. Tensors too large to pool
 //!   (over `max_in_flight`) still get a segment of their own.
 //! - **Backpressure.** Segments sent and not yet viewed (TAKEN) by the
 //!   receiver hold at most `max_in_flight` bytes of budget.
@@ -146,6 +147,8 @@ struct Shared {
     warmed: Arc<Mutex<Option<SegmentWriter>>>,
     /// True while the background warmer runs (one at a time).
     warming: Arc<std::sync::atomic::AtomicBool>,
+    /// Segment size of the last tensor no ready segment fitted.
+    last_miss: Mutex<Option<u64>>,
 }
 
 struct Lent {
@@ -189,6 +192,7 @@ impl Shared {
             filling: std::sync::atomic::AtomicUsize::new(0),
             warmed: Arc::new(Mutex::new(None)),
             warming: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            last_miss: Mutex::new(None),
         })
     }
 
@@ -217,8 +221,8 @@ impl Shared {
     /// A segment of at least `n` bytes and the budget for it: a pooled one
     /// when one fits, or the one warmed in the background, passed to the
     /// peer before use. None sends the tensor through the socket: when no
-    /// ready segment fits (one is then made in the background for the next
-    /// tensor), or when this connection already has as many live segments
+    /// ready segment fits (on a repeated miss of a size one is then made in
+    /// the background for the next tensor), or when this connection already has as many live segments
     /// as the peer accepts. A tensor too large to pool gets a new segment.
     async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
         self.expire_stale();
@@ -285,9 +289,13 @@ impl Shared {
             // A new segment costs a page fault per page (~1 GiB/s on the
             // VMs this was measured on), several times what the socket
             // costs into the receiver's warm pool: this tensor goes through
-            // the socket, and a segment of its size is made off the hot
-            // path for the next one.
-            self.warm_in_background(size as usize);
+            // the socket. From the second such miss of a size on (steady
+            // traffic, not a one-shot sender), a segment of that size is
+            // made off the hot path for the next tensor.
+            let repeat = lock(&self.last_miss).replace(size) == Some(size);
+            if repeat {
+                self.warm_in_background(size as usize);
+            }
             return Ok(None);
         }
         // Too large to pool: a segment for this tensor alone.
@@ -654,11 +662,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_miss_goes_through_the_socket_and_warms_a_segment_for_the_next_tensor() {
+    async fn misses_go_through_the_socket_and_a_repeated_one_warms_a_segment_for_the_next_tensor() {
         let (ours, theirs) = seqpacket_pair().unwrap();
         let shared = Shared::new(ours, &ShmConfig::default(), "test".into()).unwrap();
         let n = 3 << 20;
         assert!(shared.acquire(n).await.unwrap().is_none(), "the first tensor goes through the socket");
+        assert!(!shared.warming.load(Ordering::Acquire) && lock(&shared.warmed).is_none(), "a one-shot warms nothing");
+        assert!(shared.acquire(n).await.unwrap().is_none(), "so does the second");
         warmed(&shared).await;
         let (id, seg, permit) = shared.acquire(n).await.unwrap().expect("the warmed segment");
         assert!(seg.len() as u64 >= n);
@@ -670,6 +680,7 @@ mod tests {
 
         // A warmed segment that does not fit the next tensor goes to the
         // pool (announced) and another is warmed for the new size.
+        assert!(shared.acquire(64 << 20).await.unwrap().is_none());
         assert!(shared.acquire(64 << 20).await.unwrap().is_none());
         warmed(&shared).await;
         assert!(shared.acquire(1 << 20).await.unwrap().is_none());
