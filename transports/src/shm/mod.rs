@@ -52,7 +52,7 @@ pub(crate) mod segment;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -72,6 +72,10 @@ use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
     StreamError, StreamKind,
 };
+
+/// Most threads making segments in the background at once, process-wide.
+const MAX_WARMERS: usize = 2;
+static WARMERS: AtomicUsize = AtomicUsize::new(0);
 
 /// The abstract socket name of `shm://name`.
 pub(crate) fn socket_path(name: &str) -> std::path::PathBuf {
@@ -141,7 +145,7 @@ struct Shared {
     /// Segments dropped from the pool, to tell the peer about.
     forget: Mutex<Vec<u64>>,
     /// Segments being filled by a stream right now.
-    filling: std::sync::atomic::AtomicUsize,
+    filling: AtomicUsize,
     /// A segment made and faulted in by the background warmer, not yet
     /// passed to the peer (see [`Shared::acquire`]).
     warmed: Arc<Mutex<Option<SegmentWriter>>>,
@@ -189,7 +193,7 @@ impl Shared {
             pool: Mutex::new(Vec::new()),
             lent: Mutex::new(HashMap::new()),
             forget: Mutex::new(Vec::new()),
-            filling: std::sync::atomic::AtomicUsize::new(0),
+            filling: AtomicUsize::new(0),
             warmed: Arc::new(Mutex::new(None)),
             warming: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             last_miss: Mutex::new(None),
@@ -312,6 +316,14 @@ impl Shared {
         if self.warming.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Process-wide, at most MAX_WARMERS threads fault segments in at
+        // once (a server with many shm clients); a miss while all are busy
+        // tries again on its next repeat.
+        if WARMERS.fetch_add(1, Ordering::AcqRel) >= MAX_WARMERS {
+            WARMERS.fetch_sub(1, Ordering::AcqRel);
+            self.warming.store(false, Ordering::Release);
+            return;
+        }
         let (slot, flag) = (self.warmed.clone(), self.warming.clone());
         let spawned = std::thread::Builder::new().name("tw-shm-warm".into()).spawn(move || {
             // SAFETY: setpriority on this thread's own id (Linux: per thread).
@@ -320,9 +332,11 @@ impl Shared {
                 Ok(seg) => *lock(&slot) = Some(seg),
                 Err(e) => tracing::debug!(size, error = %e, "could not make a shared-memory segment"),
             }
+            WARMERS.fetch_sub(1, Ordering::AcqRel);
             flag.store(false, Ordering::Release);
         });
         if spawned.is_err() {
+            WARMERS.fetch_sub(1, Ordering::AcqRel);
             self.warming.store(false, Ordering::Release);
         }
     }
