@@ -71,14 +71,16 @@ echo "== the Python package and its examples type-check (mypy --strict, with the
 (cd python && "$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary tensorwire)
 "$TENSORWIRE_PYTHON" -m mypy --strict --no-error-summary examples/python/
 
-echo "== UCX (feature ucx): ucx:// over UCX's TCP and shared-memory transports"
+echo "== UCX (feature ucx): ucx:// over UCX's TCP and shared-memory transports, and its default"
 ucx_ready() { pkg-config --exists ucx 2>/dev/null && command -v ucx_perftest >/dev/null 2>&1; }
 if ! ucx_ready && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "== installing libucx-dev ucx-utils (first run only)"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev ucx-utils >/dev/null
 fi
 if ucx_ready; then
-  for tls in tcp sm,self; do
+  # tcp, shared memory, and UCX's default (all: same-host peers then get
+  # workers limited to shared memory, see transports/src/ucx/ffi.rs).
+  for tls in tcp sm,self all; do
     echo "== UCX_TLS=$tls"
     if cargo nextest --version >/dev/null 2>&1; then
       UCX_TLS=$tls cargo nextest run -p tensorwire --features ucx --no-fail-fast --test ucx --test pipeline -E 'test(/ucx/) | binary(ucx)'

@@ -3,10 +3,17 @@
 //!
 //! ```text
 //!   client                                          server (TCP listener on host:port)
-//!   TCP connect ─ "TWUCX\x01\0\0" len address ───►  ucp_ep_create(client worker address)
-//!   ucp_ep_create(server address) ◄─ "TWUCX\x01\0\0" len address
+//!   TCP connect ─ "TWUCX\x02\0\0" host token ───────►  same host? → worker (context for it)
+//!   same host? → worker ◄─ "TWUCX\x02\0\0" host token, server worker address
+//!   client worker address ─────────────────────────►  ucp_ep_create(client address)
+//!   ucp_ep_create(server address)
 //!   mux preface ◄─────────────────────────────────► mux preface (frames from now on)
 //! ```
+//!
+//! The host token (boot id and PID/IPC/mount namespaces) tells both sides,
+//! alike, whether the peer can share memory with them: with `UCX_TLS`
+//! unset, same-host peers get workers limited to UCX's shared-memory
+//! transports (see `ffi::context_for`), others every transport.
 //!
 //! The TCP socket stays the control channel: it carries every frame header
 //! and small payloads, and its closing (a peer that exits or is killed)
@@ -29,27 +36,51 @@ use crate::{
     SendStream, StreamError, StreamKind, TransportConfig,
 };
 
-/// First bytes of each side's address message.
-const MAGIC: &[u8; 8] = b"TWUCX\x01\0\0";
+/// First bytes of each side's first message (version 2: with host tokens).
+const MAGIC: &[u8; 8] = b"TWUCX\x02\0\0";
 /// Largest worker address accepted from a peer (UCX's are a few hundred bytes).
 const MAX_ADDRESS: u32 = 64 << 10;
+/// Largest host token accepted from a peer.
+const MAX_TOKEN: u16 = 1024;
 
-async fn write_address(s: &mut TcpStream, address: &[u8]) -> std::io::Result<()> {
-    let mut msg = Vec::with_capacity(12 + address.len());
+fn bad(m: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, m)
+}
+
+fn hello(token: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(10 + token.len());
     msg.extend_from_slice(MAGIC);
+    msg.extend_from_slice(&(token.len().min(MAX_TOKEN as usize) as u16).to_le_bytes());
+    msg.extend_from_slice(&token[..token.len().min(MAX_TOKEN as usize)]);
+    msg
+}
+
+fn address_msg(address: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(4 + address.len());
     msg.extend_from_slice(&(address.len() as u32).to_le_bytes());
     msg.extend_from_slice(address);
-    s.write_all(&msg).await
+    msg
+}
+
+async fn read_hello(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 10];
+    s.read_exact(&mut head).await?;
+    if &head[..8] != MAGIC {
+        return Err(bad("not a tensorwire ucx:// peer of this version (bad preface)".into()));
+    }
+    let len = u16::from_le_bytes([head[8], head[9]]);
+    if len > MAX_TOKEN {
+        return Err(bad(format!("host token of {len} bytes (limit {MAX_TOKEN})")));
+    }
+    let mut token = vec![0u8; len as usize];
+    s.read_exact(&mut token).await?;
+    Ok(token)
 }
 
 async fn read_address(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-    let mut head = [0u8; 12];
+    let mut head = [0u8; 4];
     s.read_exact(&mut head).await?;
-    if &head[..8] != MAGIC {
-        return Err(bad("not a tensorwire ucx:// peer (bad preface)".into()));
-    }
-    let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    let len = u32::from_le_bytes(head);
     if len == 0 || len > MAX_ADDRESS {
         return Err(bad(format!("UCX worker address of {len} bytes (limit {MAX_ADDRESS})")));
     }
@@ -70,16 +101,24 @@ async fn establish(
     peer: String,
     config: &TransportConfig,
 ) -> Result<Arc<dyn Connection>, Failure> {
-    let (worker, pending) = WorkerHandle::new(&peer).map_err(Failure::Ucx)?;
-    let theirs = match role {
+    let ours = super::ffi::same_host_token();
+    let (worker, pending, theirs) = match role {
         Role::Client => {
-            write_address(&mut s, &worker.address).await.map_err(Failure::Io)?;
-            read_address(&mut s).await.map_err(Failure::Io)?
+            s.write_all(&hello(&ours)).await.map_err(Failure::Io)?;
+            let same_host = read_hello(&mut s).await.map_err(Failure::Io)? == ours;
+            let theirs = read_address(&mut s).await.map_err(Failure::Io)?;
+            let (worker, pending) = WorkerHandle::new(&peer, same_host).map_err(Failure::Ucx)?;
+            s.write_all(&address_msg(&worker.address)).await.map_err(Failure::Io)?;
+            (worker, pending, theirs)
         }
         Role::Server => {
-            let a = read_address(&mut s).await.map_err(Failure::Io)?;
-            write_address(&mut s, &worker.address).await.map_err(Failure::Io)?;
-            a
+            let same_host = read_hello(&mut s).await.map_err(Failure::Io)? == ours;
+            let (worker, pending) = WorkerHandle::new(&peer, same_host).map_err(Failure::Ucx)?;
+            let mut msg = hello(&ours);
+            msg.extend_from_slice(&address_msg(&worker.address));
+            s.write_all(&msg).await.map_err(Failure::Io)?;
+            let theirs = read_address(&mut s).await.map_err(Failure::Io)?;
+            (worker, pending, theirs)
         }
     };
     worker.connect(pending, &theirs).map_err(Failure::Ucx)?;
