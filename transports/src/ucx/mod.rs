@@ -5,7 +5,9 @@
 //! rendezvous (the receiver posts its buffer, the bytes go by zero-copy
 //! get/put: RDMA on InfiniBand/RoCE NICs, a single `process_vm_readv` copy
 //! with `cma` on one host). UCX picks the transport from its environment
-//! (`UCX_TLS`, `UCX_NET_DEVICES`).
+//! (`UCX_TLS`, `UCX_NET_DEVICES`); with `UCX_TLS` unset, a peer on this host
+//! (same boot and namespaces, told by a token in the preamble) gets a
+//! worker limited to UCX's shared-memory transports.
 //!
 //! Files, by concern (imports go one way, down this list):
 //! * `ffi`: the hand-written UCP declarations, loaded with `dlopen`.
