@@ -18,6 +18,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::sync::spawn_bounded;
+
 /// Buffers of at least this many bytes are page-aligned (smaller ones are
 /// aligned to a cache line, enough for every dtype).
 pub const PAGE_ALIGNED_FROM: usize = 64 << 10;
@@ -40,9 +42,10 @@ const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 static PREFAULTERS: AtomicUsize = AtomicUsize::new(0);
 
-/// An owned byte buffer: `capacity` zero-initialised bytes from the global
-/// allocator (aligned to a page from [`PAGE_ALIGNED_FROM`] bytes up), of
-/// which the first `len` are the buffer's contents.
+/// An owned byte buffer: `capacity` zero-initialised bytes (from the global
+/// allocator, aligned to a page from [`PAGE_ALIGNED_FROM`] bytes up; mapped
+/// from the kernel from [`MAPPED_FROM`] up), of which the first `len` are
+/// the buffer's contents.
 pub struct RecvBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -71,14 +74,10 @@ struct Prefaulter {
 impl Prefaulter {
     /// Starts one over `cap` bytes at `ptr`, unless [`MAX_PREFAULTERS`] run.
     fn start(ptr: NonNull<u8>, cap: usize) -> Option<Prefaulter> {
-        if PREFAULTERS.fetch_add(1, Ordering::AcqRel) >= MAX_PREFAULTERS {
-            PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let base = ptr.as_ptr() as usize;
-        let spawned = std::thread::Builder::new().name("tw-prefault".into()).spawn(move || {
+        let thread = spawn_bounded(&PREFAULTERS, MAX_PREFAULTERS, "tw-prefault", move || {
             let mut end = cap;
             while end > 0 && !flag.load(Ordering::Relaxed) {
                 let start = end.saturating_sub(PREFAULT_STEP);
@@ -93,15 +92,8 @@ impl Prefaulter {
                 }
                 end = start;
             }
-            PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
-        });
-        match spawned {
-            Ok(t) => Some(Prefaulter { stop, thread: Some(t) }),
-            Err(_) => {
-                PREFAULTERS.fetch_sub(1, Ordering::AcqRel);
-                None
-            }
-        }
+        })?;
+        Some(Prefaulter { stop, thread: Some(thread) })
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) mod segment;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -67,7 +67,7 @@ use self::segment::{
     MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fd, send_with_fd, seqpacket_pair,
 };
 use crate::config::ShmConfig;
-use crate::sync::lock;
+use crate::sync::{lock, spawn_bounded};
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
     StreamError, StreamKind,
@@ -150,7 +150,7 @@ struct Shared {
     /// passed to the peer (see [`Shared::acquire`]).
     warmed: Arc<Mutex<Option<SegmentWriter>>>,
     /// True while the background warmer runs (one at a time).
-    warming: Arc<std::sync::atomic::AtomicBool>,
+    warming: Arc<AtomicBool>,
     /// Segment size of the last tensor no ready segment fitted.
     last_miss: Mutex<Option<u64>>,
 }
@@ -180,6 +180,12 @@ fn segment_size(n: u64) -> u64 {
     n.div_ceil(1 << 20).max(1) << 20
 }
 
+/// Whether a segment of `len` bytes serves a tensor of `n` bytes (large
+/// enough, and not wastefully larger).
+fn fits(len: usize, n: u64) -> bool {
+    len as u64 >= n && len as u64 <= segment_size(n).max(4 * n)
+}
+
 impl Shared {
     fn new(side: OwnedFd, cfg: &ShmConfig, peer: String) -> std::io::Result<Self> {
         let units = u32::try_from(cfg.max_in_flight.div_ceil(1 << 20)).unwrap_or(u32::MAX >> 4).clamp(1, u32::MAX >> 4);
@@ -195,7 +201,7 @@ impl Shared {
             forget: Mutex::new(Vec::new()),
             filling: AtomicUsize::new(0),
             warmed: Arc::new(Mutex::new(None)),
-            warming: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            warming: Arc::new(AtomicBool::new(false)),
             last_miss: Mutex::new(None),
         })
     }
@@ -226,8 +232,9 @@ impl Shared {
     /// when one fits, or the one warmed in the background, passed to the
     /// peer before use. None sends the tensor through the socket: when no
     /// ready segment fits (on a repeated miss of a size one is then made in
-    /// the background for the next tensor), or when this connection already has as many live segments
-    /// as the peer accepts. A tensor too large to pool gets a new segment.
+    /// the background for the next tensor), or when this connection already
+    /// has as many live segments as the peer accepts. A tensor too large to
+    /// pool gets a new segment.
     async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
         self.expire_stale();
         let forget = std::mem::take(&mut *lock(&self.forget));
@@ -241,10 +248,8 @@ impl Shared {
                 Err(_) => self.expire_stale(),
             }
         };
-        let fits = |pool: &Vec<(u64, SegmentWriter)>| {
-            pool.iter().any(|(_, s)| s.len() as u64 >= n && s.len() as u64 <= segment_size(n).max(4 * n))
-        };
-        if !fits(&lock(&self.pool)) {
+        let pool_fits = |pool: &Vec<(u64, SegmentWriter)>| pool.iter().any(|(_, s)| fits(s.len(), n));
+        if !pool_fits(&lock(&self.pool)) {
             // A release may be waiting in the socket: take it in first.
             self.side.drain_now(self).map_err(std::io::Error::other)?;
         }
@@ -253,7 +258,7 @@ impl Shared {
             let best = pool
                 .iter()
                 .enumerate()
-                .filter(|(_, (_, s))| s.len() as u64 >= n && s.len() as u64 <= segment_size(n).max(4 * n))
+                .filter(|(_, (_, s))| fits(s.len(), n))
                 .min_by_key(|(_, (_, s))| s.len())
                 .map(|(i, _)| i);
             best.map(|i| pool.swap_remove(i))
@@ -283,7 +288,7 @@ impl Shared {
         if let Some(seg) = warmed {
             let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
             self.side.send(SideMsg::New(id), Some(seg.fd())).await?;
-            if seg.len() as u64 >= n && seg.len() as u64 <= segment_size(n).max(4 * n) {
+            if fits(seg.len(), n) {
                 return Ok(Some((id, seg, permit)));
             }
             self.give_back(id, seg);
@@ -319,24 +324,17 @@ impl Shared {
         // Process-wide, at most MAX_WARMERS threads fault segments in at
         // once (a server with many shm clients); a miss while all are busy
         // tries again on its next repeat.
-        if WARMERS.fetch_add(1, Ordering::AcqRel) >= MAX_WARMERS {
-            WARMERS.fetch_sub(1, Ordering::AcqRel);
-            self.warming.store(false, Ordering::Release);
-            return;
-        }
         let (slot, flag) = (self.warmed.clone(), self.warming.clone());
-        let spawned = std::thread::Builder::new().name("tw-shm-warm".into()).spawn(move || {
+        let spawned = spawn_bounded(&WARMERS, MAX_WARMERS, "tw-shm-warm", move || {
             // SAFETY: setpriority on this thread's own id (Linux: per thread).
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             match SegmentWriter::new(size) {
                 Ok(seg) => *lock(&slot) = Some(seg),
                 Err(e) => tracing::debug!(size, error = %e, "could not make a shared-memory segment"),
             }
-            WARMERS.fetch_sub(1, Ordering::AcqRel);
             flag.store(false, Ordering::Release);
         });
-        if spawned.is_err() {
-            WARMERS.fetch_sub(1, Ordering::AcqRel);
+        if spawned.is_none() {
             self.warming.store(false, Ordering::Release);
         }
     }

@@ -48,10 +48,11 @@ fn bad(m: String) -> std::io::Error {
 }
 
 fn hello(token: &[u8]) -> Vec<u8> {
+    let token = &token[..token.len().min(MAX_TOKEN.into())];
     let mut msg = Vec::with_capacity(10 + token.len());
     msg.extend_from_slice(MAGIC);
-    msg.extend_from_slice(&(token.len().min(MAX_TOKEN as usize) as u16).to_le_bytes());
-    msg.extend_from_slice(&token[..token.len().min(MAX_TOKEN as usize)]);
+    msg.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    msg.extend_from_slice(token);
     msg
 }
 

@@ -393,11 +393,12 @@ fn without_single_copy(tls: &str) -> String {
 pub(crate) fn context() -> Result<Ctx, String> {
     static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
     let api = api()?;
-    CTX.get_or_init(|| {
-        let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "all".into());
-        make_context(api, &tls, false)
-    })
-    .clone()
+    CTX.get_or_init(|| make_context(api, &configured_tls())).clone()
+}
+
+/// `UCX_TLS` from the environment; `all` (UCX's default) when unset.
+fn configured_tls() -> String {
+    std::env::var("UCX_TLS").unwrap_or_else(|_| "all".into())
 }
 
 /// The context for a peer on this host (same boot, PID, IPC and mount
@@ -407,17 +408,17 @@ pub(crate) fn context() -> Result<Ctx, String> {
 /// against 10–16 through shared memory, measured here). A `UCX_TLS` that
 /// names transports is used as it is, for every peer.
 pub(crate) fn context_for(same_host: bool) -> Result<Ctx, String> {
-    let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "all".into());
-    if !same_host || tls.trim() != "all" {
+    if !same_host || configured_tls().trim() != "all" {
         return context();
     }
     static LOCAL: OnceLock<Result<Ctx, String>> = OnceLock::new();
     let api = api()?;
-    LOCAL.get_or_init(|| make_context(api, "sm,self", true)).clone()
+    LOCAL.get_or_init(|| make_context(api, "sm,self")).clone()
 }
 
-fn make_context(api: &'static Api, tls: &str, set_tls: bool) -> Result<Ctx, String> {
-    let ctx = init(api, set_tls.then_some(tls))?;
+/// A context on transports `tls`, reduced as [`context`] describes.
+fn make_context(api: &'static Api, tls: &str) -> Result<Ctx, String> {
+    let ctx = init(api, Some(tls))?;
     if probe_peer_failure(api, ctx) {
         return Ok(Ctx { api, ctx, peer_failure: true });
     }

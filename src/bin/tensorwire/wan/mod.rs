@@ -536,8 +536,10 @@ fn print_rows(rows: &[Row], json: bool) {
     }
 }
 
-/// Prints the best lossless ratio we measured on the trained weights next to ZipNN's.
-fn print_zipnn(rows: &[Row], ds: &Dataset, json: bool) {
+/// Prints what bounds the ratios: per delta pair, the best delta ratio
+/// measured next to the estimated limit of any lossless XOR delta; per
+/// trained-weights kind, the best ratio measured next to ZipNN's published one.
+fn print_bounds(rows: &[Row], ds: &Dataset, json: bool) {
     for (label, prev, next) in &ds.delta {
         let Some(limit) = data::xor_delta_limit(prev, next) else { continue };
         let best = rows
@@ -593,7 +595,7 @@ pub fn run(a: WanArgs, spec: LinkSpec, json: bool) -> Result<(), BoxError> {
     ceilings(&link, &a, json)?;
     let rows = measure_rows(&link, &servers, &ds, &a)?;
     print_rows(&rows, json);
-    print_zipnn(&rows, &ds, json);
+    print_bounds(&rows, &ds, json);
     if let Some(path) = &a.plot {
         std::fs::write(path, plot::svg(&rows, &spec.to_string()))?;
         if !json {
