@@ -2,8 +2,8 @@
 //! through UCX, a peer SIGKILLed mid-rendezvous (either side) leaves a
 //! clear error and nothing behind, frames that lie about UCX payloads are
 //! refused without a hang, and a missing libucx or an unreachable peer are
-//! clear errors. tests/run.sh runs this file with UCX_TLS=tcp and with
-//! UCX_TLS=sm,self.
+//! clear errors, bad preambles are refused. tests/run.sh runs this file
+//! with UCX_TLS=tcp, UCX_TLS=sm,self and UCX's default (all).
 #![cfg(feature = "ucx")]
 
 mod common;
@@ -247,6 +247,31 @@ async fn frames_that_lie_about_ucx_payloads_are_refused_without_a_hang() {
     tx.send_batch(vec![chunk(5, 3, vec![1, 2, 3])], true).await.unwrap();
     let e = next_error().await;
     assert!(e.contains("carry no payload"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_preambles_are_refused_and_the_next_client_is_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
+    let authority = server.url().trim_start_matches("ucx://").to_string();
+    let mut huge_token = b"TWUCX\x02\0\0".to_vec();
+    huge_token.extend_from_slice(&u16::MAX.to_le_bytes());
+    let mut zero_address = b"TWUCX\x02\0\0\x01\0x".to_vec();
+    zero_address.extend_from_slice(&0u32.to_le_bytes());
+    let previous_version = b"TWUCX\x01\0\0\x10\0\0\0".to_vec();
+    for bad in [previous_version, huge_token, zero_address, b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+        let mut s = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        s.write_all(&bad).await.unwrap();
+        // The server hangs up (after its own hello at most), never waits.
+        let mut seen = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen)).await;
+        assert!(end.is_ok(), "the server kept a connection that sent {bad:?}");
+        assert!(!seen.starts_with(b"TWUCX") || seen.starts_with(b"TWUCX\x02"), "{seen:?}");
+    }
+    let client = Client::connect(&server.url()).await.unwrap();
+    let t = random_tensor(DType::UInt8, &[1 << 20], 3).unwrap().with_name("after");
+    client.send(vec![t.clone()]).await.unwrap();
+    assert_same(&t, &client.fetch_one("after").await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
