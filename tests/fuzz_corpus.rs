@@ -19,6 +19,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("jsonrpc", tensorwire::fuzzing::jsonrpc),
     ("shm_side_channel", tensorwire::fuzzing::shm_side_channel),
     ("handshake", tensorwire::fuzzing::handshake),
+    ("grpc_messages", tensorwire::fuzzing::grpc_messages),
 ];
 
 fn corpus(name: &str) -> std::path::PathBuf {
@@ -218,6 +219,18 @@ fn write_seed_corpus() {
     let mut pipe = Vec::new();
     new_segment(&mut pipe, 4, 3, 1); // a pipe, not a memfd
     put("shm_side_channel", "pipe_descriptor", &pipe);
+
+    // grpc_messages: DATA frame size byte, then gRPC messages of Frame.
+    let mut grpc = vec![6u8];
+    for h in [chunk(1, 0, 0, 8, 4, false, true), chunk(1, 1, 4, 8, 4, true, false)] {
+        let m = v1::Frame { header: Some(h), payload: bytes::Bytes::from_static(&[9; 4]) }.encode_to_vec();
+        grpc.push(0);
+        grpc.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        grpc.extend_from_slice(&m);
+    }
+    put("grpc_messages", "two_chunks_in_7_byte_data_frames", &grpc);
+    put("grpc_messages", "compressed_flag", &[255, 1, 0, 0, 0, 2, 0x12, 0]);
+    put("grpc_messages", "oversized_prefix", &[255, 0, 0xff, 0xff, 0xff, 0xff]);
 
     // handshake: side byte, mux preface, Hello or Welcome frame header.
     let mut preface = BytesMut::new();

@@ -201,6 +201,14 @@ pub fn compat_chunks(data: &[u8]) {
     let _ = asm.finish();
 }
 
+/// A gRPC call's body through the decoder of `tensorwire.v1.Frame`
+/// messages (split into DATA frames where the input says), each message
+/// re-encoded and decoded again: see `tensorwire_transports::grpc::fuzz`.
+#[cfg(feature = "grpc")]
+pub fn grpc_messages(data: &[u8]) {
+    tensorwire_transports::grpc::fuzz::messages(data);
+}
+
 /// A JSON-RPC request body through the envelope parser and, for each
 /// request, the params conversion (base64 tensors, safetensors files,
 /// scalars) with and without a declared signature; results back to JSON.

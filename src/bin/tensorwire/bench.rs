@@ -8,6 +8,8 @@
 
 #[cfg(feature = "grpc")]
 use crate::harness::tonic_peer::TonicPeer;
+#[cfg(feature = "ucx")]
+use crate::harness::ucx_perftest_on;
 use crate::harness::{
     RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
     calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
@@ -137,32 +139,58 @@ fn striped_rows(a: &BenchArgs, sizes: &[usize], raw: RawSocket) -> Result<(), Bo
     Ok(())
 }
 
+/// Runs a blocking baseline (a `ucx_perftest` pair can take a minute over
+/// UCX's tcp) on a blocking thread while `rt` keeps driving the client's
+/// connection: its keep-alive pings are answered meanwhile instead of the
+/// connection timing out on a runtime nobody polls.
+fn beside<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    f: impl FnOnce() -> Result<T, BoxError> + Send + 'static,
+) -> Result<T, BoxError> {
+    rt.block_on(rt.spawn_blocking(f))?
+}
+
 /// `ucx://` send and fetch of `size` bytes against `ucx_perftest -t
 /// ucp_put_bw` of the same size, run now (same UCX_* environment): the
-/// ratio's denominator. `ucx_perftest -t tag_bw` (the tagged rendezvous
-/// that `ucx://` itself uses) is printed beside it as an extra column.
-fn ucx_rows(a: &BenchArgs, size: usize, sent: f64, fetched: f64) -> Result<(), BoxError> {
+/// ratio's denominator. Two `ucx_perftest -t tag_bw` figures (the tagged
+/// rendezvous that `ucx://` itself uses) are printed beside it as extra
+/// columns: with the same environment, and on the transports `ucx://`
+/// actually uses for this same-host peer (with `UCX_TLS` unset those are
+/// `sysv,posix,self`: cma needs peer failure mode, which UCX 1.13's
+/// shared-memory transports lack; see `tensorwire_transports::ucx`).
+#[cfg(feature = "ucx")]
+fn ucx_rows(a: &BenchArgs, rt: &tokio::runtime::Runtime, size: usize, sent: f64, fetched: f64) -> Result<(), BoxError> {
     let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
-    let put = ucx_perftest("ucp_put_bw", size, iters)?.gib_per_s;
-    let tag = ucx_perftest("tag_bw", size, iters)?.gib_per_s;
+    let put = beside(rt, move || ucx_perftest("ucp_put_bw", size, iters))?.gib_per_s;
+    let tag = beside(rt, move || ucx_perftest("tag_bw", size, iters))?.gib_per_s;
+    let ours_tls = tensorwire_transports::ucx::ucx_transports(true)?;
+    let tls = ours_tls.clone();
+    let tag_ours = beside(rt, move || ucx_perftest_on("tag_bw", size, iters, Some(&tls)))?.gib_per_s;
     for (dir, g) in [("send", sent), ("fetch", fetched)] {
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"transport": "ucx", "direction": dir, "size": size, "gib_per_s": g,
-                    "ucx_perftest_put_bw_gib_per_s": put, "ratio": g / put, "ucx_perftest_tag_bw_gib_per_s": tag})
+                    "ucx_perftest_put_bw_gib_per_s": put, "ratio": g / put, "ucx_perftest_tag_bw_gib_per_s": tag,
+                    "ucx_transports": ours_tls, "ucx_perftest_tag_bw_same_transports_gib_per_s": tag_ours})
             );
         } else {
             println!(
-                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs ucx_perftest -t ucp_put_bw (extra: -t tag_bw {:.2} GiB/s, {:.2}x)",
+                "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2}   vs ucx_perftest -t ucp_put_bw{} (extra: -t tag_bw {:.2} GiB/s, {:.2}x; -t tag_bw on {} as ucx:// uses {:.2} GiB/s, {:.2}x)",
                 "ucx",
                 dir,
                 human(size),
                 g,
                 put,
                 g / put,
+                // UCX emulates RMA in software where no transport has it
+                // (tcp): then put is no ceiling, the raw TCP row is.
+                if put < tag { " [emulated RMA: see the raw TCP row]" } else { "" },
                 tag,
-                g / tag
+                g / tag,
+                ours_tls,
+                tag_ours,
+                g / tag_ours
             );
         }
     }
@@ -208,10 +236,10 @@ fn ceiling_name(raw: RawSocket) -> &'static str {
 
 /// Same-host transports (shm) next to UCX's own same-host figure,
 /// `ucx_perftest -t ucp_put_bw` (cma/sm), run now when it is installed.
-fn perftest_row(a: &BenchArgs, scheme: &str, size: usize, sent: &[f64], fetched: &[f64]) {
+fn perftest_row(a: &BenchArgs, rt: &tokio::runtime::Runtime, scheme: &str, size: usize, sent: &[f64], fetched: &[f64]) {
     let (s, f) = (median(sent.to_vec()), median(fetched.to_vec()));
     let iters = ((a.seconds * 4e9 / size as f64) as usize).clamp(3, 2000);
-    match ucx_perftest("ucp_put_bw", size, iters) {
+    match beside(rt, move || ucx_perftest("ucp_put_bw", size, iters)) {
         Ok(p) => {
             let put = p.gib_per_s;
             if a.json {
@@ -296,8 +324,9 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 fresh.push(gib_per_s(size, raw_copy_into(raw, size, reps.min(5), Receive::Fresh)?));
             }
             let (b, f) = (median(base), median(fresh));
+            #[cfg(feature = "ucx")]
             if scheme == "ucx" {
-                ucx_rows(&a, size, median(sent.clone()), median(fetched.clone()))?;
+                ucx_rows(&a, &rt, size, median(sent.clone()), median(fetched.clone()))?;
             }
             for (dir, g) in [("send", median(sent.clone())), ("fetch", median(fetched.clone()))] {
                 if a.json {
@@ -330,7 +359,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 );
             }
             if raw == RawSocket::Memcpy && size >= 1 << 20 {
-                perftest_row(&a, scheme, size, &sent, &fetched);
+                perftest_row(&a, &rt, scheme, size, &sent, &fetched);
             }
         }
         let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);
@@ -344,7 +373,8 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         }
         if scheme == "ucx" {
             // tag_lat reports one-way latency: twice that is its round trip.
-            let t = ucx_perftest("tag_lat", 4096, a.round_trips.max(1000))?;
+            let n = a.round_trips.max(1000);
+            let t = beside(&rt, move || ucx_perftest("tag_lat", 4096, n))?;
             let rtt_ms = 2.0 * t.p50_us / 1000.0;
             let ours = median(p50.clone());
             if a.json {

@@ -11,18 +11,16 @@ use bytes::Bytes;
 use http_body::Body as HttpBody;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tensorwire_proto::v1;
-use tensorwire_proto::v1::tensor_service_client::TensorServiceClient;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::Request;
+use tonic::Status;
 use tonic::codegen::http::{self, Uri};
 
+use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::Recording;
-use super::settings::{H2, message_limit, transport_name, tune_tcp};
+use super::settings::{H2, Method, message_limit, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, RequestSend, ResetFlag, Source, next_id};
 use crate::{
     ConnectError, Connection, ConnectionInfo, Endpoint, Incoming, Scheme, StreamError, StreamKind, TransportConfig, tls,
@@ -284,10 +282,6 @@ fn io_cause(status: &tonic::Status) -> Option<String> {
 /// Connects to a gRPC endpoint: one HTTP/2 connection, one call per stream.
 pub async fn connect(ep: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
     let chan = channel(ep, config).await?;
-    let limit = message_limit(config);
-    let client = TensorServiceClient::with_origin(chan.clone(), chan.origin().clone())
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
     let info = ConnectionInfo {
         transport: transport_name(ep.scheme()),
         peer: chan.peer().to_string(),
@@ -295,13 +289,54 @@ pub async fn connect(ep: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn 
         local: ep.scheme() == Scheme::GrpcUnix,
         stateless: true,
     };
-    Ok(Arc::new(ClientConn { client, chan, info }))
+    Ok(Arc::new(ClientConn { limit: message_limit(config), chan, info }))
 }
 
 struct ClientConn {
-    client: TensorServiceClient<GrpcChannel>,
     chan: GrpcChannel,
+    /// Largest message either way.
+    limit: usize,
     info: ConnectionInfo,
+}
+
+/// Makes the call `method` of `tensorwire.v1.TensorService` with `body`;
+/// resolves with the response's messages once its headers arrived.
+async fn call(
+    chan: &GrpcChannel,
+    method: Method,
+    body: OutBody,
+    reset: ResetFlag,
+    limit: usize,
+) -> Result<Source, Status> {
+    let transport = |e: hyper::Error| Status::from_error(Box::new(e));
+    let uri = Uri::builder()
+        .scheme(chan.origin.scheme_str().unwrap_or("http"))
+        .authority(chan.origin.authority().map_or("localhost", |a| a.as_str()))
+        .path_and_query(method.path())
+        .build()
+        .map_err(|e| Status::internal(format!("bad request URI: {e}")))?;
+    let req = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(uri)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(RequestBody { inner: tonic::body::Body::new(body), reset: Some(reset) })
+        .map_err(|e| Status::internal(format!("bad request: {e}")))?;
+    let mut send = chan.send.clone();
+    send.ready().await.map_err(transport)?;
+    let (parts, body) = send.send_request(req).await.map_err(transport)?.into_parts();
+    // Trailers-only: the call ended at once (an error, usually).
+    if let Some(status) = Status::from_header_map(&parts.headers) {
+        return match status.code() {
+            tonic::Code::Ok => Ok(Source::Wire(MessageSource::ended(Ok(())))),
+            _ => Err(status),
+        };
+    }
+    if parts.status != http::StatusCode::OK {
+        return Err(Status::unknown(format!("the gRPC server answered HTTP status {}", parts.status)));
+    }
+    let body = tonic::body::Body::new(body);
+    Ok(Source::Wire(MessageSource::new(body, limit, true, method.unary_response())))
 }
 
 #[async_trait]
@@ -314,41 +349,30 @@ impl Connection for ClientConn {
         }
         let id = next_id();
         let peer: Arc<str> = Arc::from(self.info.peer.as_str());
-        let unary = matches!(kind, StreamKind::Handshake | StreamKind::Fetch);
-        let (tx, mut rx) = mpsc::channel::<v1::Frame>(QUEUE);
+        let method = Method::for_kind(kind);
+        let (tx, mut rx) = mpsc::channel::<Item>(QUEUE);
         let (resp_tx, resp_rx) = oneshot::channel();
         let reset = ResetFlag::default();
-        let mut client = self.client.clone();
-        let flag = reset.clone();
-        let chan = self.chan.clone();
+        let (flag, chan, limit) = (reset.clone(), self.chan.clone(), self.limit);
         tokio::spawn(async move {
-            let streaming = |rx| {
-                let mut req = Request::new(ReceiverStream::new(rx));
-                req.extensions_mut().insert(flag);
-                req
+            // A one-message request waits for it: a stream dropped unused
+            // makes no call.
+            let first = if method.unary_request() {
+                let Some(first) = rx.recv().await else { return };
+                Some(first)
+            } else {
+                None
             };
-            let r = match kind {
-                StreamKind::Handshake | StreamKind::Fetch => {
-                    // Nothing sent: the caller dropped the stream, no call.
-                    let Some(first) = rx.recv().await else { return };
-                    if kind == StreamKind::Fetch {
-                        client.fetch(first).await.map(|r| Source::Stream(r.into_inner()))
-                    } else {
-                        client.handshake(first).await.map(|r| Source::One(Some(r.into_inner())))
-                    }
-                }
-                StreamKind::Send => client.send(streaming(rx)).await.map(|r| Source::One(Some(r.into_inner()))),
-                StreamKind::Exchange => client.exchange(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
-                _ => client.call(streaming(rx)).await.map(|r| Source::Stream(r.into_inner())),
-            };
-            let r = match r {
+            let body = OutBody::new(rx, first, limit, Ending::Request);
+            let r = match call(&chan, method, body, flag, limit).await {
                 Err(status) => Err(with_connection_cause(&chan, status).await),
                 ok => ok,
             };
             let _ = resp_tx.send(r);
         });
+        let unary = method.unary_request();
         let send = RequestSend { tx: Some(tx), reset, unary, sent: false, id, peer: peer.clone() };
-        let recv = GrpcRecv { source: Source::Pending(resp_rx), id, peer };
+        let recv = GrpcRecv::new(Source::Pending(resp_rx), id, peer);
         Ok((Box::new(send), Box::new(recv)))
     }
 

@@ -30,17 +30,31 @@
 //! certificate whose fingerprint the client pins, CA files, mutual TLS),
 //! with ALPN `h2`.
 //!
-//! Files: `settings` (ALPN, message limit, socket tuning), `client`
+//! **Messages without tonic's codec.** The calls of
+//! `tensorwire.v1.TensorService` are made and served by hand over hyper
+//! (the same messages, methods and statuses as the generated tonic code,
+//! so grpcio and tonic peers are served as before): a chunk's payload goes
+//! to HTTP/2 as its own buffer after a small head instead of being copied
+//! into an encode buffer, and a received payload stays in the DATA frames'
+//! own bytes until it is copied once, into the tensor's buffer when the
+//! pipeline placed one (see `wire`).
+//!
+//! Files: `wire` (the message format, sans-IO), `body` (call bodies out
+//! and in), `settings` (ALPN, message limit, socket tuning), `client`
 //! ([`GrpcChannel`], [`connect`]), `server` (the service, [`listen`],
 //! [`listen_with`]), `io` (accepted sockets for tonic), `streams` (the
 //! stream handles over calls). This file only declares and re-exports;
 //! children import each other through `super::child`.
 
+mod body;
 mod client;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 mod io;
 mod server;
 mod settings;
 mod streams;
+mod wire;
 
 pub use client::{GrpcChannel, RequestBody, channel, connect};
 pub use server::{listen, listen_with};

@@ -8,16 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tensorwire_proto::v1;
-use tensorwire_proto::v1::tensor_service_server::{TensorService as GrpcTensorService, TensorServiceServer};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
 
+use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::{Io, Sock};
-use super::settings::{H2, message_limit, transport_name, tune_tcp};
+use super::settings::{H2, Method, SERVICE, message_limit, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
 use crate::sync::lock;
 use crate::{
@@ -85,73 +87,83 @@ impl Connection for ServerConn {
     }
 }
 
-/// The tonic service: hands each call to the pipeline as a stream.
+/// `tensorwire.v1.TensorService`, served by hand (see `wire`): hands each
+/// call to the pipeline as a stream. Cloned per call by the router.
+#[derive(Clone)]
 struct Service {
+    inner: Arc<ServiceInner>,
+}
+
+struct ServiceInner {
     tx: mpsc::Sender<Incoming>,
     closed: watch::Receiver<bool>,
     peer: Arc<str>,
+    /// Largest message either way.
+    limit: usize,
 }
 
-type FrameStream = ReceiverStream<Result<v1::Frame, Status>>;
+impl NamedService for Service {
+    const NAME: &'static str = SERVICE;
+}
 
-impl Service {
-    async fn start(
-        &self,
-        kind: StreamKind,
-        source: Source,
-    ) -> Result<mpsc::Receiver<Result<v1::Frame, Status>>, Status> {
+impl ServiceInner {
+    /// Hands the call to the pipeline; its replies become the response.
+    async fn start(&self, method: Method, source: Source) -> Result<mpsc::Receiver<Item>, Status> {
         if *self.closed.borrow() {
             return Err(Status::unavailable("the server is shutting down"));
         }
         let id = next_id();
         let (tx, rx) = mpsc::channel(QUEUE);
         let send = ResponseSend { tx: Some(tx), id, peer: self.peer.clone() };
-        let recv = GrpcRecv { source, id, peer: self.peer.clone() };
-        let inc = Incoming { kind: Some(kind), send: Box::new(send), recv: Box::new(recv) };
+        let recv = GrpcRecv::new(source, id, self.peer.clone());
+        let inc = Incoming { kind: Some(method.kind()), send: Box::new(send), recv: Box::new(recv) };
         self.tx.send(inc).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
         Ok(rx)
     }
 
-    async fn unary_reply(mut rx: mpsc::Receiver<Result<v1::Frame, Status>>) -> Result<Response<v1::Frame>, Status> {
-        match rx.recv().await {
-            Some(Ok(f)) => Ok(Response::new(f)),
-            Some(Err(s)) => Err(s),
-            None => Err(Status::internal("the call ended without a reply")),
+    async fn handle(&self, req: http::Request<Body>) -> http::Response<Body> {
+        let Some(method) = Method::from_path(req.uri().path()) else {
+            return Status::unimplemented(format!("no method {} in {SERVICE}", req.uri().path())).into_http();
+        };
+        let (parts, body) = req.into_parts();
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !header("content-type").starts_with("application/grpc") {
+            return Status::invalid_argument("content-type must be application/grpc").into_http();
+        }
+        if !matches!(header("grpc-encoding"), "" | "identity") {
+            return Status::unimplemented(
+                "gRPC message compression is not accepted (tensorwire compresses chunks itself)",
+            )
+            .into_http();
+        }
+        drop(parts);
+        let source = MessageSource::new(body, self.limit, false, method.unary_request());
+        match self.start(method, Source::Wire(source)).await {
+            Ok(rx) => {
+                let ending = if method.unary_response() { Ending::UnaryResponse } else { Ending::Response };
+                let body = OutBody::new(rx, None, self.limit, ending);
+                let mut resp = http::Response::new(Body::new(body));
+                resp.headers_mut()
+                    .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+                resp
+            }
+            Err(status) => status.into_http(),
         }
     }
 }
 
-#[tonic::async_trait]
-impl GrpcTensorService for Service {
-    async fn handshake(&self, req: Request<v1::Frame>) -> Result<Response<v1::Frame>, Status> {
-        let rx = self.start(StreamKind::Handshake, Source::One(Some(req.into_inner()))).await?;
-        Self::unary_reply(rx).await
+impl tower_service::Service<http::Request<Body>> for Service {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
     }
 
-    async fn send(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<v1::Frame>, Status> {
-        let rx = self.start(StreamKind::Send, Source::Stream(req.into_inner())).await?;
-        Self::unary_reply(rx).await
-    }
-
-    type FetchStream = FrameStream;
-
-    async fn fetch(&self, req: Request<v1::Frame>) -> Result<Response<FrameStream>, Status> {
-        let rx = self.start(StreamKind::Fetch, Source::One(Some(req.into_inner()))).await?;
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-
-    type ExchangeStream = FrameStream;
-
-    async fn exchange(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<FrameStream>, Status> {
-        let rx = self.start(StreamKind::Exchange, Source::Stream(req.into_inner())).await?;
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-
-    type CallStream = FrameStream;
-
-    async fn call(&self, req: Request<Streaming<v1::Frame>>) -> Result<Response<FrameStream>, Status> {
-        let rx = self.start(StreamKind::Call, Source::Stream(req.into_inner())).await?;
-        Ok(Response::new(ReceiverStream::new(rx)))
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { Ok(inner.handle(req).await) })
     }
 }
 
@@ -226,9 +238,7 @@ pub async fn listen_with(
         },
     });
     let limit = message_limit(config);
-    let svc = TensorServiceServer::new(Service { tx: call_tx, closed: closed_rx.clone(), peer })
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
+    let svc = Service { inner: Arc::new(ServiceInner { tx: call_tx, closed: closed_rx.clone(), peer, limit }) };
     let g = &config.grpc;
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(g.stream_window)

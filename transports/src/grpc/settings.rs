@@ -3,7 +3,7 @@
 
 use tokio::net::TcpStream;
 
-use crate::{Scheme, TransportConfig};
+use crate::{Scheme, StreamKind, TransportConfig};
 
 /// ALPN protocol of HTTP/2 over TLS.
 pub(crate) const H2: &[u8] = b"h2";
@@ -28,5 +28,76 @@ pub(crate) fn tune_tcp(s: &TcpStream, config: &TransportConfig) {
         let sock = socket2::SockRef::from(s);
         let _ = sock.set_send_buffer_size(n);
         let _ = sock.set_recv_buffer_size(n);
+    }
+}
+
+/// The gRPC service both sides speak.
+pub(crate) const SERVICE: &str = "tensorwire.v1.TensorService";
+
+/// A method of [`SERVICE`], and which of its directions carry one message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Method {
+    Handshake,
+    Send,
+    Fetch,
+    Exchange,
+    Call,
+}
+
+impl Method {
+    /// The method a stream of `kind` calls.
+    pub(crate) fn for_kind(kind: StreamKind) -> Self {
+        match kind {
+            StreamKind::Handshake => Method::Handshake,
+            StreamKind::Send => Method::Send,
+            StreamKind::Fetch => Method::Fetch,
+            StreamKind::Exchange => Method::Exchange,
+            StreamKind::Call => Method::Call,
+        }
+    }
+
+    /// The method at an HTTP/2 `:path`, if it is one of [`SERVICE`]'s.
+    pub(crate) fn from_path(path: &str) -> Option<Self> {
+        let name = path.strip_prefix('/')?.strip_prefix(SERVICE)?.strip_prefix('/')?;
+        Some(match name {
+            "Handshake" => Method::Handshake,
+            "Send" => Method::Send,
+            "Fetch" => Method::Fetch,
+            "Exchange" => Method::Exchange,
+            "Call" => Method::Call,
+            _ => return None,
+        })
+    }
+
+    /// The stream kind the server hands the pipeline.
+    pub(crate) fn kind(self) -> StreamKind {
+        match self {
+            Method::Handshake => StreamKind::Handshake,
+            Method::Send => StreamKind::Send,
+            Method::Fetch => StreamKind::Fetch,
+            Method::Exchange => StreamKind::Exchange,
+            Method::Call => StreamKind::Call,
+        }
+    }
+
+    /// The HTTP/2 `:path` of a call.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Method::Handshake => "/tensorwire.v1.TensorService/Handshake",
+            Method::Send => "/tensorwire.v1.TensorService/Send",
+            Method::Fetch => "/tensorwire.v1.TensorService/Fetch",
+            Method::Exchange => "/tensorwire.v1.TensorService/Exchange",
+            Method::Call => "/tensorwire.v1.TensorService/Call",
+        }
+    }
+
+    /// The request is one message.
+    pub(crate) fn unary_request(self) -> bool {
+        matches!(self, Method::Handshake | Method::Fetch)
+    }
+
+    /// The response is one message.
+    pub(crate) fn unary_response(self) -> bool {
+        matches!(self, Method::Handshake | Method::Send)
     }
 }

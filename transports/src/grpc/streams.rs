@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use async_trait::async_trait;
 use tensorwire_proto::v1;
 use tokio::sync::{mpsc, oneshot};
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
-use crate::{Frame, Payload, Received, RecvStream, SendStream, StreamError};
+use super::body::{Item, MessageSource};
+use super::wire::Decoded;
+use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
 /// Frames queued per direction of a call before the sender waits (on top of
 /// HTTP/2's flow-control windows, which bound what is in flight).
@@ -27,13 +29,6 @@ pub(crate) fn next_id() -> u64 {
 
 pub(crate) fn to_wire(frame: Frame) -> v1::Frame {
     v1::Frame { header: Some(frame.header), payload: frame.payload }
-}
-
-pub(crate) fn from_wire(f: v1::Frame, peer: &str) -> Result<Received, StreamError> {
-    match f.header {
-        Some(header) => Ok(Received { header, payload: Payload::Bytes(f.payload) }),
-        None => Err(StreamError::Protocol { peer: peer.to_string(), reason: "a gRPC frame without a header".into() }),
-    }
 }
 
 /// The message a reset carries, so the peer can recover the code.
@@ -73,13 +68,12 @@ impl ResetFlag {
     }
 }
 
-/// Receiving half when the call's messages come from a `Streaming` or
-/// (unary calls) one message.
+/// Where a call's incoming messages come from.
 pub(crate) enum Source {
     /// A client's response not yet arrived (the call is being made).
     Pending(oneshot::Receiver<Result<Source, Status>>),
-    One(Option<v1::Frame>),
-    Stream(Streaming<v1::Frame>),
+    /// The call's body.
+    Wire(MessageSource),
     Done,
 }
 
@@ -87,6 +81,37 @@ pub(crate) struct GrpcRecv {
     pub(crate) source: Source,
     pub(crate) id: u64,
     pub(crate) peer: Arc<str>,
+    /// Where chunk payloads of the tensor being received go.
+    pub(crate) placement: Option<Placement>,
+}
+
+impl GrpcRecv {
+    pub(crate) fn new(source: Source, id: u64, peer: Arc<str>) -> Self {
+        Self { source, id, peer, placement: None }
+    }
+
+    /// A decoded message as a received frame: a chunk of the placed
+    /// tensor is copied straight from the DATA frames into its place.
+    async fn received(&self, m: Decoded) -> Result<Received, StreamError> {
+        let Some(header) = m.header else {
+            let reason = "a gRPC frame without a header".into();
+            return Err(StreamError::Protocol { peer: self.peer.to_string(), reason });
+        };
+        let len = m.payload.len();
+        let place = match (&self.placement, header.placement_offset()) {
+            (Some(p), Some((tid, off))) if p.accepts(tid, off, len) => Some((p, off)),
+            _ => None,
+        };
+        let payload = match place {
+            Some((p, off)) => {
+                let mut g = p.lock().await;
+                m.payload.copy_to(&mut g[off as usize..off as usize + len]);
+                Payload::Placed { offset: off, len }
+            }
+            None => Payload::Bytes(m.payload.into_bytes()),
+        };
+        Ok(Received { header, payload })
+    }
 }
 
 #[async_trait]
@@ -103,15 +128,9 @@ impl RecvStream for GrpcRecv {
                     // The call was never made: nothing was sent on it.
                     Err(_) => self.source = Source::Done,
                 },
-                Source::One(f) => {
-                    return match f.take() {
-                        Some(f) => from_wire(f, &self.peer).map(Some),
-                        None => Ok(None),
-                    };
-                }
-                Source::Stream(s) => {
-                    return match s.message().await {
-                        Ok(Some(f)) => from_wire(f, &self.peer).map(Some),
+                Source::Wire(s) => {
+                    return match s.next().await {
+                        Ok(Some(m)) => self.received(m).await.map(Some),
                         Ok(None) => {
                             self.source = Source::Done;
                             Ok(None)
@@ -125,6 +144,10 @@ impl RecvStream for GrpcRecv {
                 Source::Done => return Ok(None),
             }
         }
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        self.placement = target;
     }
 
     fn id(&self) -> u64 {
@@ -185,7 +208,7 @@ impl Drop for ResponseSend {
 /// Client side: frames become the messages of the call's request stream
 /// (or, for unary requests, its one message).
 pub(crate) struct RequestSend {
-    pub(crate) tx: Option<mpsc::Sender<v1::Frame>>,
+    pub(crate) tx: Option<mpsc::Sender<Item>>,
     pub(crate) reset: ResetFlag,
     /// The call takes exactly one request message.
     pub(crate) unary: bool,
@@ -218,7 +241,11 @@ impl SendStream for RequestSend {
             return Err(StreamError::Finished { peer: peer(), stream: self.id });
         };
         self.sent = true;
-        tx.send(to_wire(frame)).await.map_err(|_| StreamError::Stopped { peer: peer(), stream: self.id, code: 0 })?;
+        tx.send(Ok(to_wire(frame))).await.map_err(|_| StreamError::Stopped {
+            peer: peer(),
+            stream: self.id,
+            code: 0,
+        })?;
         if self.unary {
             self.tx = None;
         }

@@ -253,12 +253,15 @@ pub(crate) fn status_str(api: &Api, s: Status) -> String {
 }
 
 /// The process's UCP context and what it can do.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Ctx {
     pub api: &'static Api,
     pub ctx: Context,
     /// Endpoints can use peer failure mode (a dead peer fails operations).
     pub peer_failure: bool,
+    /// The `UCX_TLS` the context was created with (after leaving out the
+    /// single-copy transports where peer failure mode is refused).
+    pub tls: String,
 }
 // SAFETY: a UCP context created with mt_workers_shared may be used by
 // workers on different threads; the pointer itself is just an address.
@@ -420,7 +423,7 @@ pub(crate) fn context_for(same_host: bool) -> Result<Ctx, String> {
 fn make_context(api: &'static Api, tls: &str) -> Result<Ctx, String> {
     let ctx = init(api, Some(tls))?;
     if probe_peer_failure(api, ctx) {
-        return Ok(Ctx { api, ctx, peer_failure: true });
+        return Ok(Ctx { api, ctx, peer_failure: true, tls: tls.to_string() });
     }
     let reduced = without_single_copy(tls);
     // SAFETY: nothing else uses this context yet.
@@ -431,7 +434,7 @@ fn make_context(api: &'static Api, tls: &str) -> Result<Ctx, String> {
         "UCX transports without peer failure detection: single-copy transports (cma) left out"
     );
     let ctx = init(api, Some(&reduced))?;
-    Ok(Ctx { api, ctx, peer_failure: false })
+    Ok(Ctx { api, ctx, peer_failure: false, tls: reduced })
 }
 
 /// Identifies this host *and* the namespaces UCX's shared-memory
@@ -451,6 +454,13 @@ pub(crate) fn same_host_token() -> Vec<u8> {
 /// mode), once UCX is loaded.
 pub fn ucx_peer_failure_detection() -> Result<bool, String> {
     context().map(|c| c.peer_failure)
+}
+
+/// The UCX transports (`UCX_TLS` syntax) this process's connections use:
+/// to peers on this host when `same_host`, else to other hosts. What to
+/// give `ucx_perftest` so that it measures what `ucx://` can reach.
+pub fn ucx_transports(same_host: bool) -> Result<String, String> {
+    context_for(same_host).map(|c| c.tls)
 }
 
 /// The version of the UCX library this process loaded (e.g. "1.13.1"), or

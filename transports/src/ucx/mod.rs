@@ -54,5 +54,5 @@ mod rendezvous;
 mod worker;
 
 pub use conn::{connect, listen};
-pub use ffi::{ucx_peer_failure_detection, ucx_version};
+pub use ffi::{ucx_peer_failure_detection, ucx_transports, ucx_version};
 pub use worker::{UcxStats, stats};

@@ -204,7 +204,7 @@ impl WorkerHandle {
     /// `same_host`: the peer shares this host and its namespaces (the
     /// worker then comes from [`ffi::context_for`]'s same-host context).
     pub(crate) fn new(peer: &str, same_host: bool) -> Result<(Self, PendingWorker), String> {
-        let ffi::Ctx { api, ctx, peer_failure } = ffi::context_for(same_host)?;
+        let ffi::Ctx { api, ctx, peer_failure, .. } = ffi::context_for(same_host)?;
         let params = ffi::WorkerParams { field_mask: 0, _rest: [0; 512] };
         let mut worker: Worker = std::ptr::null_mut();
         // SAFETY: live context, valid params and out-pointer.

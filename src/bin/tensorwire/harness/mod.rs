@@ -95,7 +95,7 @@ mod ucx_perftest;
 
 // The criterion benches include this folder without using it.
 #[allow(unused_imports)]
-pub use ucx_perftest::ucx_perftest;
+pub use ucx_perftest::{ucx_perftest, ucx_perftest_on};
 
 /// Two connected ends of a raw socket, and the socket file to remove after.
 type RawPair = (Box<dyn Duplex>, Box<dyn Duplex>, Option<SocketFile>);

@@ -20,12 +20,20 @@ pub struct Perftest {
 
 /// Runs `ucx_perftest -t test -s size -n iters` between two processes.
 pub fn ucx_perftest(test: &str, size: usize, iters: usize) -> Result<Perftest, BoxError> {
+    ucx_perftest_on(test, size, iters, None)
+}
+
+/// [`ucx_perftest`] with `UCX_TLS=tls` for both processes (the bench's own
+/// `UCX_*` environment otherwise).
+pub fn ucx_perftest_on(test: &str, size: usize, iters: usize, tls: Option<&str>) -> Result<Perftest, BoxError> {
+    let env: Vec<(&str, &str)> = tls.map(|t| ("UCX_TLS", t)).into_iter().collect();
     let mut last = String::new();
     // The client fails when it comes before the server listens: a few
     // tries with a longer head start each.
     for attempt in 1..=5u64 {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port().to_string();
         let mut server = Command::new("ucx_perftest")
+            .envs(env.iter().copied())
             .args(["-p", &port])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -34,6 +42,7 @@ pub fn ucx_perftest(test: &str, size: usize, iters: usize) -> Result<Perftest, B
         std::thread::sleep(Duration::from_millis(150 * attempt));
         let warm = (iters / 10).max(1).to_string();
         let out = Command::new("ucx_perftest")
+            .envs(env.iter().copied())
             .args(["127.0.0.1", "-p", &port, "-t", test, "-s", &size.to_string(), "-n", &iters.to_string()])
             .args(["-w", &warm])
             .output();

@@ -1,0 +1,216 @@
+//! The HTTP/2 bodies of `tensorwire.v1.TensorService` calls, on both
+//! sides: [`OutBody`] sends frames (each as its head and its payload, two
+//! DATA buffers, the payload never copied), [`MessageSource`] reads the
+//! peer's messages with [`wire::Decoder`](super::wire::Decoder) (payloads
+//! kept as the DATA frames' own bytes).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::Body as HttpBody;
+use tensorwire_proto::v1;
+use tokio::sync::mpsc;
+use tonic::Status;
+use tonic::codegen::http::HeaderMap;
+
+use super::wire::{self, Decoded, WireError};
+
+/// What a stream's sending half queues: a frame, or (server) the status
+/// that ends the call.
+pub(crate) type Item = Result<v1::Frame, Status>;
+
+/// A wire error as the gRPC status a peer (or our caller) sees.
+pub(crate) fn wire_status(e: WireError) -> Status {
+    match e {
+        WireError::TooLarge { .. } => Status::resource_exhausted(e.to_string()),
+        WireError::Compressed(_) => Status::unimplemented(e.to_string()),
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+/// How an [`OutBody`] ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// A request: the end of the stream (a client's reset ends it with an
+    /// error, see `RequestBody`).
+    Request,
+    /// A response: trailers with `grpc-status`.
+    Response,
+    /// A unary response: trailers right after the first message (and an
+    /// error status when the call ends without one).
+    UnaryResponse,
+}
+
+/// Frames as a gRPC call's body.
+pub(crate) struct OutBody {
+    rx: mpsc::Receiver<Item>,
+    /// A frame to send before those in `rx` (the first request of a unary
+    /// call, read before the call was made).
+    first: Option<Item>,
+    /// The payload of the message whose head just went.
+    payload: Option<Bytes>,
+    limit: usize,
+    ending: Ending,
+    sent: usize,
+    done: bool,
+}
+
+impl OutBody {
+    /// A body sending what `rx` yields (after `first`), refusing messages
+    /// over `limit` bytes.
+    pub(crate) fn new(rx: mpsc::Receiver<Item>, first: Option<Item>, limit: usize, ending: Ending) -> Self {
+        Self { rx, first, payload: None, limit, ending, sent: 0, done: false }
+    }
+
+    /// Ends the body with `status`: trailers for a response, an error for
+    /// a request.
+    fn end(&mut self, status: Status) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        self.done = true;
+        if self.ending == Ending::Request {
+            return Poll::Ready(if status.code() == tonic::Code::Ok { None } else { Some(Err(status)) });
+        }
+        let mut trailers = HeaderMap::new();
+        if let Err(s) = status.add_header(&mut trailers) {
+            // A message that cannot be a header value: the code alone.
+            let _ = Status::new(s.code(), "").add_header(&mut trailers);
+        }
+        Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+    }
+}
+
+impl HttpBody for OutBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        if let Some(p) = self.payload.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(p))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.ending == Ending::UnaryResponse && self.sent == 1 {
+            return self.end(Status::ok(""));
+        }
+        let item = match self.first.take() {
+            Some(item) => Some(item),
+            None => match self.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(item) => item,
+            },
+        };
+        match item {
+            Some(Ok(frame)) => match wire::encode(&frame, self.limit) {
+                Ok((head, payload)) => {
+                    self.sent += 1;
+                    if !payload.is_empty() {
+                        self.payload = Some(payload);
+                    }
+                    Poll::Ready(Some(Ok(http_body::Frame::data(head))))
+                }
+                Err(e) => self.end(wire_status(e)),
+            },
+            Some(Err(status)) => self.end(status),
+            None if self.ending == Ending::UnaryResponse => {
+                self.end(Status::internal("the call ended without a reply"))
+            }
+            None => self.end(Status::ok("")),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.payload.is_none()
+    }
+}
+
+/// The messages of a call's incoming body.
+pub(crate) struct MessageSource {
+    /// In a mutex only to make the source `Sync` (tonic's body is not):
+    /// polled through `get_mut`, never locked.
+    body: std::sync::Mutex<tonic::body::Body>,
+    dec: wire::Decoder,
+    ready: VecDeque<Decoded>,
+    /// A response: its status comes in the trailers, which must come.
+    response: bool,
+    /// The method takes one message in this direction.
+    unary: bool,
+    seen: usize,
+    /// How the body ended, once it has (delivered after `ready`).
+    end: Option<Result<(), Status>>,
+}
+
+impl MessageSource {
+    /// Reads `body`'s messages (at most `limit` bytes each); `response`: a
+    /// client reading the server's reply, which ends with a status.
+    pub(crate) fn new(body: tonic::body::Body, limit: usize, response: bool, unary: bool) -> Self {
+        Self {
+            body: std::sync::Mutex::new(body),
+            dec: wire::Decoder::new(limit),
+            ready: VecDeque::new(),
+            response,
+            unary,
+            seen: 0,
+            end: None,
+        }
+    }
+
+    /// The next message, `None` at a clean end, or the call's error.
+    pub(crate) async fn next(&mut self) -> Result<Option<Decoded>, Status> {
+        loop {
+            if let Some(m) = self.ready.pop_front() {
+                self.seen += 1;
+                if self.unary && self.seen > 1 {
+                    self.ready.clear();
+                    self.end = Some(Ok(()));
+                    return Err(Status::invalid_argument("this gRPC method takes one message"));
+                }
+                return Ok(Some(m));
+            }
+            if let Some(end) = &self.end {
+                return end.clone().map(|()| None);
+            }
+            let body = self.body.get_mut().unwrap_or_else(|e| e.into_inner());
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await;
+            let ended = match frame {
+                None if self.response => {
+                    Err(Status::internal("the gRPC response ended without a status (no trailers)"))
+                }
+                None => Ok(()),
+                Some(Err(status)) => Err(status),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        if let Err(e) = self.dec.feed(data, &mut self.ready) {
+                            self.ready.clear();
+                            self.end = Some(Err(wire_status(e)));
+                        }
+                        continue;
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(t) if self.response => match Status::from_header_map(&t) {
+                            Some(s) if s.code() == tonic::Code::Ok => Ok(()),
+                            Some(s) => Err(s),
+                            None => Err(Status::internal("the gRPC response's trailers carry no grpc-status")),
+                        },
+                        // A request's trailers mean nothing to this service.
+                        _ => Ok(()),
+                    },
+                },
+            };
+            let ended = ended.and_then(|()| self.dec.finish().map_err(wire_status));
+            self.end = Some(ended);
+        }
+    }
+
+    /// A source that yields nothing and ends with `end` (a trailers-only
+    /// response).
+    pub(crate) fn ended(end: Result<(), Status>) -> Self {
+        let mut s = Self::new(tonic::body::Body::empty(), 0, false, false);
+        s.end = Some(end);
+        s
+    }
+}

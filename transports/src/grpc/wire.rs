@@ -1,0 +1,397 @@
+//! gRPC messages of `tensorwire.v1.Frame` on the wire, encoded and decoded
+//! here instead of by tonic's codec (sans-IO: bytes in, messages out).
+//!
+//! Why: tonic encodes every message into one buffer (copying a chunk's
+//! payload into it) and decodes by appending each HTTP/2 DATA frame to a
+//! buffer (copying it again) before prost slices the payload out. Here the
+//! sender hands the payload to HTTP/2 as its own [`Bytes`] after a small
+//! head (the 5-byte gRPC prefix, the header field, the payload field's key
+//! and length), and the receiver keeps a message as the DATA frames' own
+//! bytes ([`Pieces`]), which the stream copies once, straight into the
+//! tensor's buffer when it has one. Same messages on the wire: tonic,
+//! grpcio and every other gRPC peer read and write them as before.
+//!
+//! ```text
+//!   0x00 | len: u32 BE | 0x0A varint(h) FrameHeader(h bytes) | 0x12 varint(p) payload(p bytes)
+//!   ^ uncompressed       ^ field 1 (header)                   ^ field 2 (payload): its own Bytes
+//! ```
+
+use std::collections::VecDeque;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use tensorwire_proto::v1;
+
+/// The gRPC message prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+/// Protobuf keys of `Frame`'s fields: 1 (`header`) and 2 (`payload`),
+/// both length-delimited.
+const KEY_HEADER: u8 = 0x0A;
+const KEY_PAYLOAD: u8 = 0x12;
+
+/// Why a message could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WireError {
+    /// The message is longer than the limit.
+    TooLarge { size: u64, limit: usize },
+    /// A compressed message (or an unknown prefix flag): tensorwire's gRPC
+    /// service does not negotiate gRPC compression (codecs compress chunks).
+    Compressed(u8),
+    /// The message is not a valid `Frame`.
+    Malformed(String),
+    /// The stream ended inside a message.
+    Truncated { have: usize, need: usize },
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::TooLarge { size, limit } => {
+                write!(f, "gRPC message of {size} bytes exceeds the limit of {limit} bytes")
+            }
+            WireError::Compressed(flag) => write!(
+                f,
+                "gRPC message with compression flag {flag}: this service takes uncompressed messages (tensorwire compresses chunks itself)"
+            ),
+            WireError::Malformed(why) => write!(f, "malformed tensorwire.v1.Frame message: {why}"),
+            WireError::Truncated { have, need } => {
+                write!(f, "the gRPC stream ended inside a message ({have} of {need} bytes)")
+            }
+        }
+    }
+}
+
+/// One frame as a gRPC message: a small head (prefix, header, the payload
+/// field's key and length) and the payload itself, untouched.
+pub(crate) fn encode(frame: &v1::Frame, limit: usize) -> Result<(Bytes, Bytes), WireError> {
+    let header = frame.header.as_ref().map(|h| (h, h.encoded_len()));
+    let p = frame.payload.len();
+    let header_field = header.map_or(0, |(_, n)| 1 + prost::length_delimiter_len(n) + n);
+    let payload_field = if p == 0 { 0 } else { 1 + prost::length_delimiter_len(p) + p };
+    let total = header_field + payload_field;
+    if total > limit || total > u32::MAX as usize {
+        return Err(WireError::TooLarge { size: total as u64, limit });
+    }
+    let mut head = BytesMut::with_capacity(PREFIX + header_field + 11);
+    head.put_u8(0);
+    head.put_u32(total as u32);
+    if let Some((h, n)) = header {
+        head.put_u8(KEY_HEADER);
+        prost::encode_length_delimiter(n, &mut head).map_err(|e| WireError::Malformed(e.to_string()))?;
+        h.encode(&mut head).map_err(|e| WireError::Malformed(e.to_string()))?;
+    }
+    if p > 0 {
+        head.put_u8(KEY_PAYLOAD);
+        prost::encode_length_delimiter(p, &mut head).map_err(|e| WireError::Malformed(e.to_string()))?;
+    }
+    Ok((head.freeze(), frame.payload.clone()))
+}
+
+/// A payload as the received DATA frames' own bytes (slices, no copy).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Pieces(Vec<Bytes>);
+
+impl Pieces {
+    /// Total length.
+    pub(crate) fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    /// One contiguous `Bytes`: free when the payload arrived in one DATA
+    /// frame, else one copy.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self.0.len() {
+            0 => Bytes::new(),
+            1 => self.0.into_iter().next().unwrap_or_default(),
+            _ => {
+                let mut b = BytesMut::with_capacity(self.len());
+                for p in &self.0 {
+                    b.extend_from_slice(p);
+                }
+                b.freeze()
+            }
+        }
+    }
+
+    /// Copies the payload into `dst`, which must be exactly as long.
+    pub(crate) fn copy_to(&self, dst: &mut [u8]) {
+        let mut at = 0;
+        for p in &self.0 {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+    }
+}
+
+/// A decoded message: the frame's header and its payload.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    pub(crate) header: Option<v1::FrameHeader>,
+    pub(crate) payload: Pieces,
+}
+
+/// Splits a stream of DATA frames into messages.
+#[derive(Debug)]
+pub(crate) struct Decoder {
+    limit: usize,
+    prefix: [u8; PREFIX],
+    have_prefix: usize,
+    /// Length of the message being collected (after its prefix).
+    need: Option<usize>,
+    pieces: Vec<Bytes>,
+    got: usize,
+}
+
+impl Decoder {
+    /// A decoder refusing messages over `limit` bytes.
+    pub(crate) fn new(limit: usize) -> Self {
+        Self { limit, prefix: [0; PREFIX], have_prefix: 0, need: None, pieces: Vec::new(), got: 0 }
+    }
+
+    /// Feeds one DATA frame; complete messages go to `out`.
+    pub(crate) fn feed(&mut self, mut data: Bytes, out: &mut VecDeque<Decoded>) -> Result<(), WireError> {
+        while !data.is_empty() || self.need == Some(self.got) {
+            let Some(need) = self.need else {
+                let n = (PREFIX - self.have_prefix).min(data.len());
+                self.prefix[self.have_prefix..self.have_prefix + n].copy_from_slice(&data[..n]);
+                self.have_prefix += n;
+                let _ = data.split_to(n);
+                if self.have_prefix == PREFIX {
+                    if self.prefix[0] != 0 {
+                        return Err(WireError::Compressed(self.prefix[0]));
+                    }
+                    let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
+                    if len as u64 > self.limit as u64 {
+                        return Err(WireError::TooLarge { size: len as u64, limit: self.limit });
+                    }
+                    self.need = Some(len as usize);
+                    self.have_prefix = 0;
+                }
+                continue;
+            };
+            if self.got == need {
+                let pieces = std::mem::take(&mut self.pieces);
+                self.need = None;
+                self.got = 0;
+                out.push_back(parse(pieces, need)?);
+                continue;
+            }
+            let n = (need - self.got).min(data.len());
+            self.pieces.push(data.split_to(n));
+            self.got += n;
+        }
+        Ok(())
+    }
+
+    /// The stream ended: an error when it ended inside a message.
+    pub(crate) fn finish(&self) -> Result<(), WireError> {
+        match self.need {
+            Some(need) => Err(WireError::Truncated { have: PREFIX + self.got, need: PREFIX + need }),
+            None if self.have_prefix > 0 => Err(WireError::Truncated { have: self.have_prefix, need: PREFIX }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reads a message's fields across its pieces.
+struct Cursor {
+    pieces: VecDeque<Bytes>,
+    left: usize,
+}
+
+impl Cursor {
+    fn byte(&mut self) -> Result<u8, WireError> {
+        while let Some(p) = self.pieces.front_mut() {
+            if let Some(&b) = p.first() {
+                let _ = p.split_to(1);
+                self.left -= 1;
+                return Ok(b);
+            }
+            self.pieces.pop_front();
+        }
+        Err(WireError::Malformed("a field runs past the end of the message".into()))
+    }
+
+    fn varint(&mut self) -> Result<u64, WireError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(WireError::Malformed("a varint longer than 10 bytes".into()))
+    }
+
+    /// The next `n` bytes, as slices of the pieces.
+    fn take(&mut self, n: u64) -> Result<Vec<Bytes>, WireError> {
+        if n > self.left as u64 {
+            return Err(WireError::Malformed(format!(
+                "a field of {n} bytes with only {} left in the message",
+                self.left
+            )));
+        }
+        let mut n = n as usize;
+        self.left -= n;
+        let mut out = Vec::new();
+        while n > 0 {
+            let Some(p) = self.pieces.front_mut() else { break };
+            let k = n.min(p.len());
+            out.push(p.split_to(k));
+            if p.is_empty() {
+                self.pieces.pop_front();
+            }
+            n -= k;
+        }
+        Ok(out)
+    }
+}
+
+/// Decodes a complete message of `len` bytes held in `pieces`.
+fn parse(pieces: Vec<Bytes>, len: usize) -> Result<Decoded, WireError> {
+    let mut c = Cursor { pieces: pieces.into(), left: len };
+    let mut header: Option<v1::FrameHeader> = None;
+    let mut payload = Pieces::default();
+    while c.left > 0 {
+        let key = c.varint()?;
+        let (field, wire_type) = (key >> 3, key & 7);
+        match (field, wire_type) {
+            (1, 2) => {
+                let n = c.varint()?;
+                let bytes = Pieces(c.take(n)?).into_bytes();
+                let h = header.get_or_insert_with(Default::default);
+                h.merge(bytes).map_err(|e| WireError::Malformed(format!("header: {e}")))?;
+            }
+            (2, 2) => {
+                let n = c.varint()?;
+                payload = Pieces(c.take(n)?);
+            }
+            (0, _) => return Err(WireError::Malformed("field number 0".into())),
+            // Unknown fields (a newer peer): skipped.
+            (_, 0) => {
+                c.varint()?;
+            }
+            (_, 1) => {
+                c.take(8)?;
+            }
+            (_, 2) => {
+                let n = c.varint()?;
+                c.take(n)?;
+            }
+            (_, 5) => {
+                c.take(4)?;
+            }
+            (f, w) => return Err(WireError::Malformed(format!("field {f} has wire type {w}"))),
+        }
+    }
+    Ok(Decoded { header, payload })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorwire_proto::v1::frame_header::Kind;
+
+    fn frame(payload: &[u8]) -> v1::Frame {
+        let chunk = v1::Chunk { tensor_id: 7, offset: 64, raw_len: payload.len() as u64, ..Default::default() };
+        v1::Frame {
+            header: Some(v1::FrameHeader { kind: Some(Kind::Chunk(chunk)) }),
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    fn wire(f: &v1::Frame) -> Vec<u8> {
+        let (head, payload) = encode(f, 1 << 20).unwrap();
+        [head.as_ref(), payload.as_ref()].concat()
+    }
+
+    #[test]
+    fn encoding_is_what_prost_and_tonic_write() {
+        for p in [&b""[..], b"x", &[7u8; 300][..]] {
+            let f = frame(p);
+            let body = f.encode_to_vec();
+            let mut expect = vec![0u8];
+            expect.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            expect.extend_from_slice(&body);
+            assert_eq!(wire(&f), expect);
+        }
+    }
+
+    #[test]
+    fn decodes_across_any_split_without_copying_whole_frames() {
+        let frames = [frame(b"hello"), frame(&[1u8; 1000]), frame(b"")];
+        let bytes: Vec<u8> = frames.iter().flat_map(wire).collect();
+        for step in [1, 2, 5, 7, 64, 999, bytes.len()] {
+            let mut d = Decoder::new(1 << 20);
+            let mut out = VecDeque::new();
+            for piece in bytes.chunks(step) {
+                d.feed(Bytes::copy_from_slice(piece), &mut out).unwrap();
+            }
+            d.finish().unwrap();
+            assert_eq!(out.len(), 3, "step {step}");
+            for (got, want) in out.into_iter().zip(&frames) {
+                assert_eq!(got.header.as_ref(), want.header.as_ref());
+                assert_eq!(got.payload.into_bytes(), want.payload);
+            }
+        }
+    }
+
+    #[test]
+    fn a_payload_in_one_data_frame_is_a_slice_of_it() {
+        let f = frame(&[9u8; 4096]);
+        let data = Bytes::from(wire(&f));
+        let mut d = Decoder::new(1 << 20);
+        let mut out = VecDeque::new();
+        d.feed(data.clone(), &mut out).unwrap();
+        let got = out.pop_front().unwrap().payload.into_bytes();
+        let start = data.as_ptr() as usize;
+        assert!((got.as_ptr() as usize) > start && (got.as_ptr() as usize) < start + data.len());
+    }
+
+    #[test]
+    fn bad_messages_are_refused() {
+        let mut out = VecDeque::new();
+        let mut d = Decoder::new(100);
+        assert_eq!(
+            d.feed(Bytes::from_static(&[0, 0, 0, 1, 0]), &mut out),
+            Err(WireError::TooLarge { size: 256, limit: 100 })
+        );
+        let mut d = Decoder::new(100);
+        assert_eq!(d.feed(Bytes::from_static(&[1, 0, 0, 0, 1, 0]), &mut out), Err(WireError::Compressed(1)));
+        // A payload field longer than its message.
+        let mut d = Decoder::new(100);
+        assert!(matches!(
+            d.feed(Bytes::from_static(&[0, 0, 0, 0, 2, 0x12, 9]), &mut out),
+            Err(WireError::Malformed(_))
+        ));
+        // Field number 0, an end group wire type.
+        let mut d = Decoder::new(100);
+        assert!(matches!(d.feed(Bytes::from_static(&[0, 0, 0, 0, 1, 0x02]), &mut out), Err(WireError::Malformed(_))));
+        let mut d = Decoder::new(100);
+        assert!(matches!(d.feed(Bytes::from_static(&[0, 0, 0, 0, 1, 0x0C]), &mut out), Err(WireError::Malformed(_))));
+        // Truncated: inside the prefix, inside the message.
+        let mut d = Decoder::new(100);
+        d.feed(Bytes::from_static(&[0, 0]), &mut out).unwrap();
+        assert!(matches!(d.finish(), Err(WireError::Truncated { .. })));
+        let mut d = Decoder::new(100);
+        d.feed(Bytes::from_static(&[0, 0, 0, 0, 9, 0x12]), &mut out).unwrap();
+        assert!(matches!(d.finish(), Err(WireError::Truncated { have: 6, need: 14 })));
+        assert!(out.is_empty());
+        let big = v1::Frame { header: None, payload: Bytes::from(vec![0u8; 200]) };
+        assert!(matches!(encode(&big, 100), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn unknown_fields_are_skipped() {
+        let mut msg = frame(b"abc").encode_to_vec();
+        msg.extend_from_slice(&[0x18, 0x96, 0x01, 0x22, 2, b'z', b'z', 0x2D, 1, 2, 3, 4, 0x31, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut data = vec![0u8];
+        data.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        data.extend_from_slice(&msg);
+        let mut d = Decoder::new(1 << 10);
+        let mut out = VecDeque::new();
+        d.feed(Bytes::from(data), &mut out).unwrap();
+        assert_eq!(out.pop_front().unwrap().payload.into_bytes(), Bytes::from_static(b"abc"));
+    }
+}
