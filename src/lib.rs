@@ -190,6 +190,7 @@ pub use server::builder::{ServeError, Server, ServerBuilder};
 pub use server::running::RunningServer;
 pub use server::service::{EchoService, TensorService};
 pub use server::store::{EvictPolicy, StoreService, parse_shape};
+pub use util::malloc::tune_allocator;
 
 /// The tensor model and the file formats (torch.save, safetensors) and
 /// compressors: the `tensorwire-codecs` crate.

@@ -230,6 +230,9 @@ struct CallArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Before anything is allocated: HTTP/2 frames and chunks recycled from
+    // the heap, not mapped and faulted in per frame (see the function).
+    tensorwire::tune_allocator();
     let default_level = if matches!(cli.command, Command::Bench(_)) { "warn" } else { "info" };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     if let Command::Bench(a) = cli.command {
