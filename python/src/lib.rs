@@ -22,6 +22,13 @@ mod values;
 
 use pyo3::prelude::*;
 
+/// Fixes glibc's allocator thresholds for bulk transfers (see
+/// `tensorwire::tune_allocator`): process-wide, so only on request.
+#[pyfunction]
+fn tune_allocator() -> bool {
+    tensorwire::tune_allocator()
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -32,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Exchange>()?;
     m.add_class::<aclient::NativeAsyncClient>()?;
     m.add_function(wrap_pyfunction!(aclient::async_in_flight, m)?)?;
+    m.add_function(wrap_pyfunction!(tune_allocator, m)?)?;
     m.add_class::<server::NativeServer>()?;
     Ok(())
 }

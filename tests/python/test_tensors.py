@@ -226,3 +226,25 @@ def test_help_is_useful():
     assert "tcp://" in doc and "timeout" in doc
     assert (tensorwire.Client.call.__doc__ or "").count("add_numbers") == 1
     assert os.path.exists(os.path.join(os.path.dirname(tensorwire.__file__), "py.typed"))
+
+
+def test_tune_allocator_then_round_trip(cli_server):
+    """`tune_allocator()` (process-wide, so in a process of its own) takes on
+    glibc, and transfers work after it."""
+    import platform
+
+    s = cli_server("tcp")
+    code = textwrap.dedent(
+        f"""
+        import torch, tensorwire
+        print(tensorwire.tune_allocator())
+        t = torch.arange(1 << 20, dtype=torch.float32)
+        with tensorwire.Client({s.url!r}) as c:
+            c.send({{"big": t}})
+            assert torch.equal(c.fetch("big"), t)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    glibc = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+    assert out.stdout.strip() == str(glibc)
