@@ -308,3 +308,24 @@ fn a_missing_libucx_is_a_clear_error_at_run_time() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
+
+/// What this process's UCX reports: the memory types it moves (host always;
+/// device types only in a CUDA/ROCm build) and the transports `ucx://`
+/// uses for a peer on this host (UCX_TLS as given, or `sm,self` reduced to
+/// what can detect dead peers when it is unset).
+#[test]
+fn ucx_reports_memory_types_and_same_host_transports() {
+    let types = ucx::ucx_memory_types().unwrap();
+    assert!(types.contains(&"host"), "{types:?}");
+    assert!(types.iter().all(|t| ["host", "cuda", "cuda-managed", "rocm", "rocm-managed"].contains(t)));
+    let tls = ucx::ucx_transports(true).unwrap();
+    match std::env::var("UCX_TLS").ok().filter(|t| t != "all") {
+        Some(t) if !ucx::ucx_peer_failure_detection().unwrap() => {
+            assert!(!tls.contains("cma"), "{tls} for UCX_TLS={t}")
+        }
+        Some(t) => assert_eq!(tls, t),
+        // sm,self as it is where UCX detects dead peers over shared
+        // memory; without cma where it cannot (UCX 1.13).
+        None => assert!(tls == "sm,self" || tls == "sysv,posix,self", "{tls}"),
+    }
+}

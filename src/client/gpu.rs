@@ -10,6 +10,30 @@ use crate::cuda::{DeviceTensor, Gpu, GpuError};
 use crate::error::CallError;
 use crate::rpc::call::{FetchRequest, SendSummary};
 
+/// Logs once per process how GPU tensors travel over `ucx://`: staged
+/// through pinned host memory, whether or not this process's UCX could
+/// move device memory itself.
+#[cfg(feature = "cuda")]
+fn note_ucx_staging(transport: Option<&str>) {
+    #[cfg(feature = "ucx")]
+    if transport == Some("ucx") {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| match tensorwire_transports::ucx::ucx_memory_types() {
+            Ok(types) if types.contains(&"cuda") => tracing::info!(
+                memory_types = ?types,
+                "ucx://: this UCX is CUDA-aware, but tensorwire still stages GPU tensors through pinned host memory (device registration is not implemented)"
+            ),
+            Ok(types) => tracing::info!(
+                memory_types = ?types,
+                "ucx://: this UCX was built without CUDA support; GPU tensors are staged through pinned host memory"
+            ),
+            Err(e) => tracing::info!(error = %e, "ucx://: GPU tensors are staged through pinned host memory"),
+        });
+    }
+    #[cfg(not(feature = "ucx"))]
+    let _ = transport;
+}
+
 impl Client {
     /// Sends tensors that live in GPU memory to the server's `send` handler.
     /// Each is copied device→host through `gpu`'s pinned buffers chunk by
@@ -18,6 +42,7 @@ impl Client {
     #[cfg(feature = "cuda")]
     pub async fn send_gpu(&self, gpu: &Arc<Gpu>, tensors: Vec<Arc<DeviceTensor>>) -> Result<SendSummary, CallError> {
         let (mut w, mut r, started) = self.begin_send().await?;
+        note_ucx_staging(self.transport());
         for d in tensors {
             let (tx, mut rx) = tokio::sync::mpsc::channel(2);
             let (g, dd) = (gpu.clone(), d.clone());
@@ -60,6 +85,7 @@ impl Client {
     #[cfg(feature = "cuda")]
     pub async fn fetch_to_gpu(&self, gpu: &Arc<Gpu>, request: FetchRequest) -> Result<Vec<DeviceTensor>, CallError> {
         let host = self.fetch(request).await?;
+        note_ucx_staging(self.transport());
         let g = gpu.clone();
         tokio::task::spawn_blocking(move || host.iter().map(|t| g.upload(t)).collect::<Result<Vec<_>, _>>())
             .await

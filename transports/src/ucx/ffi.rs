@@ -142,7 +142,23 @@ pub(crate) struct Api {
     pub config_read: unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut c_void) -> Status,
     pub config_modify: unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> Status,
     pub config_release: unsafe extern "C" fn(*mut c_void),
+    pub context_query: unsafe extern "C" fn(Context, *mut ContextAttr) -> Status,
 }
+
+/// `ucp_context_attr_t` (UCX 1.13), with room to spare.
+#[repr(C)]
+pub(crate) struct ContextAttr {
+    pub field_mask: u64,
+    pub request_size: usize,
+    pub thread_mode: c_int,
+    pub memory_types: u64,
+    pub _rest: [u8; 256],
+}
+
+/// `UCP_ATTR_FIELD_MEMORY_TYPES`.
+const UCP_ATTR_FIELD_MEMORY_TYPES: u64 = 1 << 2;
+/// `ucs_memory_type_t`, in order from `UCS_MEMORY_TYPE_HOST`.
+const MEMORY_TYPES: [&str; 5] = ["host", "cuda", "cuda-managed", "rocm", "rocm-managed"];
 
 // SAFETY: the table holds plain function pointers into a library that is
 // never unloaded; calling them from any thread is UCX's business (the
@@ -231,6 +247,7 @@ fn load() -> Result<Api, String> {
         config_read: sym!(ucp, "ucp_config_read"),
         config_modify: sym!(ucp, "ucp_config_modify"),
         config_release: sym!(ucp, "ucp_config_release"),
+        context_query: sym!(ucp, "ucp_context_query"),
     })
 }
 
@@ -461,6 +478,27 @@ pub fn ucx_peer_failure_detection() -> Result<bool, String> {
 /// give `ucx_perftest` so that it measures what `ucx://` can reach.
 pub fn ucx_transports(same_host: bool) -> Result<String, String> {
     context_for(same_host).map(|c| c.tls)
+}
+
+/// The memory types this process's UCX can move (`host`, and `cuda`,
+/// `cuda-managed`, `rocm`, `rocm-managed` where UCX was built with them;
+/// Debian's UCX has `host` only).
+pub fn ucx_memory_types() -> Result<Vec<&'static str>, String> {
+    let c = context()?;
+    let mut attr = ContextAttr {
+        field_mask: UCP_ATTR_FIELD_MEMORY_TYPES,
+        request_size: 0,
+        thread_mode: 0,
+        memory_types: 0,
+        _rest: [0; 256],
+    };
+    // SAFETY: a live context and an attribute struct laid out as ucp.h's
+    // (with spare room), asking only for the memory types.
+    let s = unsafe { (c.api.context_query)(c.ctx, &mut attr) };
+    if s != UCS_OK {
+        return Err(format!("ucp_context_query: {}", status_str(c.api, s)));
+    }
+    Ok(MEMORY_TYPES.iter().enumerate().filter(|(i, _)| attr.memory_types & (1 << i) != 0).map(|(_, n)| *n).collect())
 }
 
 /// The version of the UCX library this process loaded (e.g. "1.13.1"), or

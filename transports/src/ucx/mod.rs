@@ -44,9 +44,11 @@
 //! outlives its memory.
 //!
 //! ## Not done
-//! GPU memory: with feature `cuda`, tensors on the device still go through
-//! host memory (no `UCS_MEMORY_TYPE_CUDA` registration yet; Debian's UCX
-//! is built without CUDA support anyway).
+//! GPU memory: with feature `cuda`, tensors on the device go through
+//! pinned host memory (no `UCS_MEMORY_TYPE_CUDA` registration yet).
+//! [`ucx_memory_types`] tells whether this process's UCX could move device
+//! memory itself (Debian's UCX: `host` only); the client logs which case it
+//! is at the first GPU transfer over `ucx://`.
 
 mod conn;
 mod ffi;
@@ -54,5 +56,5 @@ mod rendezvous;
 mod worker;
 
 pub use conn::{connect, listen};
-pub use ffi::{ucx_peer_failure_detection, ucx_transports, ucx_version};
+pub use ffi::{ucx_memory_types, ucx_peer_failure_detection, ucx_transports, ucx_version};
 pub use worker::{UcxStats, stats};
