@@ -1,10 +1,10 @@
 //! `grpc://host:port`, `grpcs://host:port` and `grpc+unix:///path`: the
 //! `tensorwire.v1.TensorService` of `proto/tensorwire/v1/service.proto`
-//! over HTTP/2 (tonic on hyper).
+//! over HTTP/2 (hyper; tonic's router and services beside it).
 //!
 //! Each logical stream is one gRPC call whose messages are frames (a
-//! `FrameHeader` and its payload as a `bytes` field, decoded into
-//! [`bytes::Bytes`] without another copy). The method names the call kind:
+//! `FrameHeader` and its payload as a `bytes` field, kept as the received
+//! DATA frames' bytes until copied once, see below). The method names the call kind:
 //! `Handshake` (unary), `Send` (client stream), `Fetch` (server stream),
 //! `Exchange` and `Call` (bidirectional).
 //!
