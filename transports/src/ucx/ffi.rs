@@ -143,6 +143,41 @@ pub(crate) struct Api {
     pub config_modify: unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> Status,
     pub config_release: unsafe extern "C" fn(*mut c_void),
     pub context_query: unsafe extern "C" fn(Context, *mut ContextAttr) -> Status,
+    /// `&ucs_global_opts.log_component.log_level` (the first field of
+    /// `ucs_global_opts_t`, `ucs/config/global_opts.h`): UCX's own log
+    /// level, lowered around the peer-failure probe; None if not exported.
+    pub log_level: Option<LogLevel>,
+}
+
+/// The address of UCX's global log level.
+pub(crate) struct LogLevel(*mut c_int);
+
+/// `UCS_LOG_LEVEL_FATAL`.
+const UCS_LOG_LEVEL_FATAL: c_int = 0;
+
+/// While alive, UCX logs only fatal errors (restored on drop).
+struct QuietUcxLog<'a> {
+    level: &'a LogLevel,
+    old: c_int,
+}
+
+impl<'a> QuietUcxLog<'a> {
+    fn new(api: &'a Api) -> Option<Self> {
+        let level = api.log_level.as_ref()?;
+        // SAFETY: the address of a live C int in libucs (never unloaded);
+        // volatile because UCX threads read it.
+        let old = unsafe { std::ptr::read_volatile(level.0) };
+        // SAFETY: as above; any ucs_log_level_t value is valid there.
+        unsafe { std::ptr::write_volatile(level.0, UCS_LOG_LEVEL_FATAL.min(old)) };
+        Some(Self { level, old })
+    }
+}
+
+impl Drop for QuietUcxLog<'_> {
+    fn drop(&mut self) {
+        // SAFETY: as in new.
+        unsafe { std::ptr::write_volatile(self.level.0, self.old) };
+    }
 }
 
 /// `ucp_context_attr_t` (UCX 1.13), with room to spare.
@@ -248,6 +283,12 @@ fn load() -> Result<Api, String> {
         config_modify: sym!(ucp, "ucp_config_modify"),
         config_release: sym!(ucp, "ucp_config_release"),
         context_query: sym!(ucp, "ucp_context_query"),
+        log_level: {
+            // SAFETY: dlsym on a live handle with a NUL-terminated name; the
+            // symbol, when present, is the global whose first field is the level.
+            let p = unsafe { libc::dlsym(ucs, c"ucs_global_opts".as_ptr()) };
+            (!p.is_null()).then_some(LogLevel(p as *mut c_int))
+        },
     })
 }
 
@@ -351,8 +392,14 @@ fn probe_peer_failure(api: &'static Api, ctx: Context) -> bool {
             _rest: [0; 128],
         };
         let mut ep: Ep = std::ptr::null_mut();
+        // A refusal is the answer here, not an error: UCX would print it as
+        // one ("no active messages transport ... no peer failure handler")
+        // in the middle of the caller's output.
+        let quiet = QuietUcxLog::new(api);
         // SAFETY: live worker and an address of a live worker.
-        if unsafe { (api.ep_create)(a, &ep_params, &mut ep) } == UCS_OK {
+        let created = unsafe { (api.ep_create)(a, &ep_params, &mut ep) } == UCS_OK;
+        drop(quiet);
+        if created {
             ok = true;
             let mut p = RequestParam::zeroed();
             p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
