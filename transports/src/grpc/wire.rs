@@ -130,6 +130,12 @@ pub(crate) struct Decoded {
     pub(crate) payload: Pieces,
 }
 
+/// DATA frames a message is kept in before they are copied into one
+/// buffer: a peer splitting messages into tiny frames cannot make the
+/// receiver hold a `Bytes` handle (32 bytes, and the frame's buffer) per
+/// byte. Messages sent in 1 MiB frames stay well below it.
+const MAX_PIECES: usize = 64;
+
 /// Splits a stream of DATA frames into messages.
 #[derive(Debug)]
 pub(crate) struct Decoder {
@@ -139,13 +145,16 @@ pub(crate) struct Decoder {
     /// Length of the message being collected (after its prefix).
     need: Option<usize>,
     pieces: Vec<Bytes>,
+    /// The message so far, copied, once it came in more than
+    /// [`MAX_PIECES`] frames.
+    merged: Option<BytesMut>,
     got: usize,
 }
 
 impl Decoder {
     /// A decoder refusing messages over `limit` bytes.
     pub(crate) fn new(limit: usize) -> Self {
-        Self { limit, prefix: [0; PREFIX], have_prefix: 0, need: None, pieces: Vec::new(), got: 0 }
+        Self { limit, prefix: [0; PREFIX], have_prefix: 0, need: None, pieces: Vec::new(), merged: None, got: 0 }
     }
 
     /// Feeds one DATA frame; complete messages go to `out`.
@@ -170,14 +179,30 @@ impl Decoder {
                 continue;
             };
             if self.got == need {
-                let pieces = std::mem::take(&mut self.pieces);
+                let pieces = match self.merged.take() {
+                    Some(m) => vec![m.freeze()],
+                    None => std::mem::take(&mut self.pieces),
+                };
                 self.need = None;
                 self.got = 0;
                 out.push_back(parse(pieces, need)?);
                 continue;
             }
             let n = (need - self.got).min(data.len());
-            self.pieces.push(data.split_to(n));
+            let piece = data.split_to(n);
+            if let Some(m) = &mut self.merged {
+                m.extend_from_slice(&piece);
+            } else if self.pieces.len() < MAX_PIECES {
+                self.pieces.push(piece);
+            } else {
+                // `need` was checked against the limit: a bounded buffer.
+                let mut m = BytesMut::with_capacity(need);
+                for p in self.pieces.drain(..) {
+                    m.extend_from_slice(&p);
+                }
+                m.extend_from_slice(&piece);
+                self.merged = Some(m);
+            }
             self.got += n;
         }
         Ok(())
@@ -319,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn decodes_across_any_split_without_copying_whole_frames() {
+    fn decodes_across_any_split() {
         let frames = [frame(b"hello"), frame(&[1u8; 1000]), frame(b"")];
         let bytes: Vec<u8> = frames.iter().flat_map(wire).collect();
         for step in [1, 2, 5, 7, 64, 999, bytes.len()] {
@@ -335,6 +360,21 @@ mod tests {
                 assert_eq!(got.payload.into_bytes(), want.payload);
             }
         }
+    }
+
+    #[test]
+    fn a_message_in_tiny_frames_is_held_in_a_bounded_number_of_pieces() {
+        let f = frame(&[5u8; 10_000]);
+        let bytes = wire(&f);
+        let mut d = Decoder::new(1 << 20);
+        let mut out = VecDeque::new();
+        for (i, b) in bytes.iter().enumerate() {
+            d.feed(Bytes::copy_from_slice(&[*b]), &mut out).unwrap();
+            assert!(d.pieces.len() <= MAX_PIECES, "after {i} bytes");
+        }
+        let m = out.pop_front().unwrap();
+        assert!(m.payload.0.len() <= MAX_PIECES);
+        assert_eq!(m.payload.into_bytes(), f.payload);
     }
 
     #[test]
