@@ -107,29 +107,47 @@ async fn bad_messages_get_clear_errors_and_the_server_keeps_serving() {
         raw_call(&mut chan, "/tensorwire.v1.TensorService/Send", &[ct, ("grpc-encoding", "gzip")], vec![]).await;
     assert_eq!(code, "12");
     assert!(msg.contains("compression"), "{msg}");
-    let (code, _) =
+    // Not gRPC: HTTP 415 (with a gRPC status); gRPC but not protobuf.
+    let (code, msg) =
         raw_call(&mut chan, "/tensorwire.v1.TensorService/Send", &[("content-type", "text/plain")], vec![]).await;
-    assert_eq!(code, "3");
+    assert_eq!(code, "13", "{msg}");
+    assert!(msg.contains("text/plain"), "{msg}");
+    let (code, msg) =
+        raw_call(&mut chan, "/tensorwire.v1.TensorService/Send", &[("content-type", "application/grpc+json")], vec![])
+            .await;
+    assert_eq!(code, "3", "{msg}");
 
     // Reach the pipeline's stream, which reports what was wrong.
     let frame = chunk_frame(1, 0, 0, b"abc").encode_to_vec();
-    let cases: Vec<(Vec<Bytes>, &str)> = vec![
-        (vec![message(1, &frame)], "compression flag 1"),
+    let huge_header = v1::Frame {
+        header: Some(FrameHeader::new(HKind::Error(v1::Error {
+            message: "x".repeat(cfg.max_header_bytes as usize + 1),
+            ..Default::default()
+        }))),
+        payload: Bytes::new(),
+    }
+    .encode_to_vec();
+    let send = "/tensorwire.v1.TensorService/Send";
+    let cases: Vec<(&str, Vec<Bytes>, &str)> = vec![
+        (send, vec![message(1, &frame)], "compression flag 1"),
         // A prefix declaring more than the limit: refused before anything is buffered.
-        (vec![Bytes::from(vec![0, 0xff, 0xff, 0xff, 0xff])], "exceeds the limit"),
+        (send, vec![Bytes::from(vec![0, 0xff, 0xff, 0xff, 0xff])], "exceeds the limit"),
         // The body ends inside a message.
-        (vec![message(0, &frame).slice(..9)], "ended inside a message"),
+        (send, vec![message(0, &frame).slice(..9)], "ended inside a message"),
         // A payload field longer than its message.
-        (vec![message(0, &[0x12, 50, 1, 2])], "malformed"),
+        (send, vec![message(0, &[0x12, 50, 1, 2])], "malformed"),
         // A frame without a header.
-        (vec![message(0, &[0x12, 1, 7])], "without a header"),
+        (send, vec![message(0, &[0x12, 1, 7])], "without a header"),
+        // A frame header over max_header_bytes (within the message limit).
+        (send, vec![message(0, &huge_header)], "frame header of"),
+        // A one-message method called with none.
+        ("/tensorwire.v1.TensorService/Handshake", vec![], "without its message"),
     ];
-    for (data, want) in cases {
+    for (path, data, want) in cases {
         let mut chan2 = chan.clone();
-        let call =
-            tokio::spawn(async move { raw_call(&mut chan2, "/tensorwire.v1.TensorService/Send", &[ct], data).await });
+        let call = tokio::spawn(async move { raw_call(&mut chan2, path, &[ct], data).await });
         let inc = tokio::time::timeout(Duration::from_secs(5), conn.accept()).await.unwrap().unwrap();
-        assert_eq!(inc.kind, Some(StreamKind::Send));
+        assert_eq!(inc.kind, Some(if path == send { StreamKind::Send } else { StreamKind::Handshake }));
         let mut recv = inc.recv;
         let err = recv.recv().await.expect_err(want);
         let text = err.to_string();
@@ -171,4 +189,133 @@ async fn bad_messages_get_clear_errors_and_the_server_keeps_serving() {
     let r = rx.recv().await.unwrap().unwrap();
     assert!(matches!(&r.payload, Payload::Bytes(b) if &b[..] == b"reply"));
     assert!(rx.recv().await.unwrap().is_none());
+}
+
+/// A server at the TensorService's paths that answers every call with
+/// `status`, `content_type` and `frames` (its body): what a proxy, a web
+/// server or a broken gRPC server might send.
+struct Fake {
+    status: u16,
+    content_type: &'static str,
+    grpc_status_in_headers: bool,
+    frames: Vec<http_body::Frame<Bytes>>,
+}
+
+impl Clone for Fake {
+    fn clone(&self) -> Self {
+        Fake { frames: self.frames.iter().map(clone_frame).collect(), ..*self }
+    }
+}
+
+fn clone_frame(f: &http_body::Frame<Bytes>) -> http_body::Frame<Bytes> {
+    match (f.data_ref(), f.trailers_ref()) {
+        (Some(d), _) => http_body::Frame::data(d.clone()),
+        (_, Some(t)) => http_body::Frame::trailers(t.clone()),
+        _ => unreachable!("data or trailers"),
+    }
+}
+
+/// A response body of given frames (data and trailers).
+struct FakeFrames(VecDeque<http_body::Frame<Bytes>>);
+
+impl http_body::Body for FakeFrames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+impl tonic::server::NamedService for Fake {
+    const NAME: &'static str = "tensorwire.v1.TensorService";
+}
+
+impl Service<http::Request<tonic::body::Body>> for Fake {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: http::Request<tonic::body::Body>) -> Self::Future {
+        let frames = FakeFrames(self.frames.iter().map(clone_frame).collect());
+        let mut b = http::Response::builder().status(self.status).header("content-type", self.content_type);
+        if self.grpc_status_in_headers {
+            b = b.header("grpc-status", "0");
+        }
+        std::future::ready(Ok(b.body(tonic::body::Body::new(frames)).unwrap()))
+    }
+}
+
+async fn fake_server(fake: Fake) -> Endpoint {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ep = Endpoint::parse(&format!("grpc://{}", l.local_addr().unwrap())).unwrap();
+    let incoming = futures_util::stream::unfold(l, |l| async move {
+        let s = l.accept().await.map(|(s, _)| s);
+        Some((s, l))
+    });
+    tokio::spawn(tonic::transport::Server::builder().add_service(fake).serve_with_incoming(incoming));
+    ep
+}
+
+#[tokio::test]
+async fn answers_that_are_not_a_grpc_reply_are_clear_errors() {
+    let trailers = |status: &str| {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", status.parse().unwrap());
+        http_body::Frame::trailers(t)
+    };
+    let html = http_body::Frame::data(Bytes::from_static(b"<html>not found</html>"));
+    let cases = [
+        // A web server or proxy: the HTTP status maps to a gRPC code.
+        (
+            Fake {
+                status: 404,
+                content_type: "text/html",
+                grpc_status_in_headers: false,
+                frames: vec![clone_frame(&html)],
+            },
+            "Unimplemented",
+        ),
+        (
+            Fake { status: 503, content_type: "text/html", grpc_status_in_headers: false, frames: vec![] },
+            "HTTP status 503",
+        ),
+        // 200 but not gRPC.
+        (
+            Fake { status: 200, content_type: "text/html", grpc_status_in_headers: false, frames: vec![html] },
+            "not a gRPC server",
+        ),
+        // OK without the one response message Send owes: trailers-only,
+        // and a body that ends with OK trailers.
+        (
+            Fake { status: 200, content_type: "application/grpc", grpc_status_in_headers: true, frames: vec![] },
+            "without its response message",
+        ),
+        (
+            Fake {
+                status: 200,
+                content_type: "application/grpc",
+                grpc_status_in_headers: false,
+                frames: vec![trailers("0")],
+            },
+            "ended without its message",
+        ),
+    ];
+    for (fake, want) in cases {
+        let ep = fake_server(fake).await;
+        let client = connect(&ep, &TransportConfig::default()).await.unwrap();
+        let (mut tx, mut rx) = client.open(StreamKind::Send).await.unwrap();
+        let f = chunk_frame(1, 0, 0, b"abc");
+        let _ = tx.send(Frame { header: f.header.unwrap(), payload: f.payload }).await;
+        let _ = tx.finish().await;
+        let err = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().expect_err(want);
+        assert!(err.to_string().contains(want), "{want}: {err}");
+    }
 }

@@ -4,7 +4,6 @@
 //! peer's messages with [`wire::Decoder`](super::wire::Decoder) (payloads
 //! kept as the DATA frames' own bytes).
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -15,7 +14,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tonic::codegen::http::HeaderMap;
 
-use super::wire::{self, Decoded, WireError};
+use super::wire::{self, Decoded, Limits, WireError};
 
 /// What a stream's sending half queues: a frame, or (server) the status
 /// that ends the call.
@@ -24,7 +23,7 @@ pub(crate) type Item = Result<v1::Frame, Status>;
 /// A wire error as the gRPC status a peer (or our caller) sees.
 pub(crate) fn wire_status(e: WireError) -> Status {
     match e {
-        WireError::TooLarge { .. } => Status::resource_exhausted(e.to_string()),
+        WireError::TooLarge { .. } | WireError::HeaderTooLarge { .. } => Status::resource_exhausted(e.to_string()),
         WireError::Compressed(_) => Status::unimplemented(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
@@ -134,7 +133,6 @@ pub(crate) struct MessageSource {
     /// polled through `get_mut`, never locked.
     body: std::sync::Mutex<tonic::body::Body>,
     dec: wire::Decoder,
-    ready: VecDeque<Decoded>,
     /// A response: its status comes in the trailers, which must come.
     response: bool,
     /// The method takes one message in this direction.
@@ -145,31 +143,28 @@ pub(crate) struct MessageSource {
 }
 
 impl MessageSource {
-    /// Reads `body`'s messages (at most `limit` bytes each); `response`: a
-    /// client reading the server's reply, which ends with a status.
-    pub(crate) fn new(body: tonic::body::Body, limit: usize, response: bool, unary: bool) -> Self {
-        Self {
-            body: std::sync::Mutex::new(body),
-            dec: wire::Decoder::new(limit),
-            ready: VecDeque::new(),
-            response,
-            unary,
-            seen: 0,
-            end: None,
-        }
+    /// Reads `body`'s messages (within `limits`); `response`: a client
+    /// reading the server's reply, which ends with a status.
+    pub(crate) fn new(body: tonic::body::Body, limits: Limits, response: bool, unary: bool) -> Self {
+        Self { body: std::sync::Mutex::new(body), dec: wire::Decoder::new(limits), response, unary, seen: 0, end: None }
     }
 
     /// The next message, `None` at a clean end, or the call's error.
     pub(crate) async fn next(&mut self) -> Result<Option<Decoded>, Status> {
         loop {
-            if let Some(m) = self.ready.pop_front() {
-                self.seen += 1;
-                if self.unary && self.seen > 1 {
-                    self.ready.clear();
-                    self.end = Some(Ok(()));
-                    return Err(Status::invalid_argument("this gRPC method takes one message"));
+            if self.end.is_none() {
+                match self.dec.next() {
+                    Ok(Some(m)) => {
+                        self.seen += 1;
+                        if self.unary && self.seen > 1 {
+                            self.end = Some(Ok(()));
+                            return Err(Status::invalid_argument("this gRPC method takes one message"));
+                        }
+                        return Ok(Some(m));
+                    }
+                    Ok(None) => {}
+                    Err(e) => self.end = Some(Err(wire_status(e))),
                 }
-                return Ok(Some(m));
             }
             if let Some(end) = &self.end {
                 return end.clone().map(|()| None);
@@ -184,10 +179,7 @@ impl MessageSource {
                 Some(Err(status)) => Err(status),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        if let Err(e) = self.dec.feed(data, &mut self.ready) {
-                            self.ready.clear();
-                            self.end = Some(Err(wire_status(e)));
-                        }
+                        self.dec.push(data);
                         continue;
                     }
                     Err(frame) => match frame.into_trailers() {
@@ -201,7 +193,17 @@ impl MessageSource {
                     },
                 },
             };
-            let ended = ended.and_then(|()| self.dec.finish().map_err(wire_status));
+            let ended = ended.and_then(|()| self.dec.finish().map_err(wire_status)).and_then(|()| {
+                if self.unary && self.seen == 0 {
+                    Err(Status::internal(if self.response {
+                        "the gRPC response ended without its message"
+                    } else {
+                        "the gRPC request ended without its message"
+                    }))
+                } else {
+                    Ok(())
+                }
+            });
             self.end = Some(ended);
         }
     }
@@ -209,7 +211,7 @@ impl MessageSource {
     /// A source that yields nothing and ends with `end` (a trailers-only
     /// response).
     pub(crate) fn ended(end: Result<(), Status>) -> Self {
-        let mut s = Self::new(tonic::body::Body::empty(), 0, false, false);
+        let mut s = Self::new(tonic::body::Body::empty(), Limits { message: 0, header: 0 }, false, false);
         s.end = Some(end);
         s
     }

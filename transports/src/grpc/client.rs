@@ -20,8 +20,9 @@ use tonic::codegen::http::{self, Uri};
 
 use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::Recording;
-use super::settings::{H2, Method, message_limit, transport_name, tune_tcp};
+use super::settings::{H2, Method, is_grpc_content_type, limits, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, RequestSend, ResetFlag, Source, next_id};
+use super::wire::Limits;
 use crate::{
     ConnectError, Connection, ConnectionInfo, Endpoint, Incoming, Scheme, StreamError, StreamKind, TransportConfig, tls,
 };
@@ -289,13 +290,13 @@ pub async fn connect(ep: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn 
         local: ep.scheme() == Scheme::GrpcUnix,
         stateless: true,
     };
-    Ok(Arc::new(ClientConn { limit: message_limit(config), chan, info }))
+    Ok(Arc::new(ClientConn { limits: limits(config), chan, info }))
 }
 
 struct ClientConn {
     chan: GrpcChannel,
-    /// Largest message either way.
-    limit: usize,
+    /// Largest message and header either way.
+    limits: Limits,
     info: ConnectionInfo,
 }
 
@@ -306,7 +307,7 @@ async fn call(
     method: Method,
     body: OutBody,
     reset: ResetFlag,
-    limit: usize,
+    limits: Limits,
 ) -> Result<Source, Status> {
     let transport = |e: hyper::Error| Status::from_error(Box::new(e));
     let uri = Uri::builder()
@@ -328,15 +329,41 @@ async fn call(
     // Trailers-only: the call ended at once (an error, usually).
     if let Some(status) = Status::from_header_map(&parts.headers) {
         return match status.code() {
+            tonic::Code::Ok if method.unary_response() => {
+                Err(Status::internal("the gRPC server ended the call without its response message"))
+            }
             tonic::Code::Ok => Ok(Source::Wire(MessageSource::ended(Ok(())))),
             _ => Err(status),
         };
     }
     if parts.status != http::StatusCode::OK {
-        return Err(Status::unknown(format!("the gRPC server answered HTTP status {}", parts.status)));
+        // No gRPC status: a proxy or a server that is not gRPC answered.
+        return Err(Status::new(
+            http_status_code(parts.status),
+            format!("the server answered HTTP status {} without a gRPC status", parts.status),
+        ));
+    }
+    let content_type = parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !is_grpc_content_type(content_type) {
+        return Err(Status::unknown(format!(
+            "the server answered content-type {content_type:?}, not application/grpc: not a gRPC server"
+        )));
     }
     let body = tonic::body::Body::new(body);
-    Ok(Source::Wire(MessageSource::new(body, limit, true, method.unary_response())))
+    Ok(Source::Wire(MessageSource::new(body, limits, true, method.unary_response())))
+}
+
+/// The gRPC code of an HTTP status that came without one, as gRPC's
+/// `http-grpc-status-mapping.md` (and tonic, grpcio) map it.
+fn http_status_code(status: http::StatusCode) -> tonic::Code {
+    match status.as_u16() {
+        400 => tonic::Code::Internal,
+        401 => tonic::Code::Unauthenticated,
+        403 => tonic::Code::PermissionDenied,
+        404 => tonic::Code::Unimplemented,
+        429 | 502 | 503 | 504 => tonic::Code::Unavailable,
+        _ => tonic::Code::Unknown,
+    }
 }
 
 #[async_trait]
@@ -353,7 +380,7 @@ impl Connection for ClientConn {
         let (tx, mut rx) = mpsc::channel::<Item>(QUEUE);
         let (resp_tx, resp_rx) = oneshot::channel();
         let reset = ResetFlag::default();
-        let (flag, chan, limit) = (reset.clone(), self.chan.clone(), self.limit);
+        let (flag, chan, limits) = (reset.clone(), self.chan.clone(), self.limits);
         tokio::spawn(async move {
             // A one-message request waits for it: a stream dropped unused
             // makes no call.
@@ -363,8 +390,8 @@ impl Connection for ClientConn {
             } else {
                 None
             };
-            let body = OutBody::new(rx, first, limit, Ending::Request);
-            let r = match call(&chan, method, body, flag, limit).await {
+            let body = OutBody::new(rx, first, limits.message, Ending::Request);
+            let r = match call(&chan, method, body, flag, limits).await {
                 Err(status) => Err(with_connection_cause(&chan, status).await),
                 ok => ok,
             };

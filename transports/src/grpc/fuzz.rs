@@ -3,28 +3,30 @@
 //! bytes split into DATA frames where the input says; every message it
 //! yields is re-encoded and must decode to the same frame.
 
-use std::collections::VecDeque;
-
 use bytes::Bytes;
 use tensorwire_proto::v1;
 
-use super::wire::{Decoder, encode};
+use super::wire::{Decoder, Limits, encode};
 
 /// Largest message the fuzzed decoder accepts.
 const LIMIT: usize = 64 << 10;
+/// Its header limit.
+const LIMITS: Limits = Limits { message: LIMIT, header: 4 << 10 };
 
 /// The first byte sets the DATA frame size (1–256 bytes); the rest is the
 /// call's body.
 pub fn messages(data: &[u8]) {
     let Some((&step, body)) = data.split_first() else { return };
     let step = usize::from(step) + 1;
-    let mut dec = Decoder::new(LIMIT);
-    let mut out = VecDeque::new();
+    let mut dec = Decoder::new(LIMITS);
     for piece in body.chunks(step) {
-        if dec.feed(Bytes::copy_from_slice(piece), &mut out).is_err() {
-            return;
-        }
-        while let Some(m) = out.pop_front() {
+        dec.push(Bytes::copy_from_slice(piece));
+        loop {
+            let m = match dec.next() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(_) => return,
+            };
             let len = m.payload.len();
             assert!(len <= LIMIT);
             let mut placed = vec![0u8; len];
@@ -34,11 +36,12 @@ pub fn messages(data: &[u8]) {
             // What we send, we read back the same.
             let frame = v1::Frame { header: m.header, payload };
             let Ok((head, payload)) = encode(&frame, LIMIT) else { continue };
-            let mut again = Decoder::new(LIMIT);
-            let mut back = VecDeque::new();
-            again.feed(head, &mut back).expect("re-encoded head");
-            again.feed(payload, &mut back).expect("re-encoded payload");
-            let b = back.pop_front().expect("one message back");
+            let mut again = Decoder::new(LIMITS);
+            again.push(head);
+            assert!(payload.is_empty() || again.next().expect("re-encoded head").is_none());
+            again.push(payload);
+            let b = again.next().expect("re-encoded message").expect("one message back");
+            assert!(again.next().expect("nothing more").is_none());
             // Compared by encoded length: a header may hold a NaN (not
             // equal to itself) or a map (encoded in any order).
             let len = |h: &Option<v1::FrameHeader>| h.as_ref().map(prost::Message::encoded_len);

@@ -19,8 +19,9 @@ use tonic::service::Routes;
 
 use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::{Io, Sock};
-use super::settings::{H2, Method, SERVICE, message_limit, transport_name, tune_tcp};
+use super::settings::{H2, Method, SERVICE, is_grpc_content_type, limits, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
+use super::wire::Limits;
 use crate::sync::lock;
 use crate::{
     AcceptError, Connection, ConnectionInfo, Endpoint, Incoming, ListenError, Listener, Scheme, StreamError,
@@ -98,8 +99,8 @@ struct ServiceInner {
     tx: mpsc::Sender<Incoming>,
     closed: watch::Receiver<bool>,
     peer: Arc<str>,
-    /// Largest message either way.
-    limit: usize,
+    /// Largest message and header either way.
+    limits: Limits,
 }
 
 impl NamedService for Service {
@@ -127,8 +128,21 @@ impl ServiceInner {
         };
         let (parts, body) = req.into_parts();
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if !header("content-type").starts_with("application/grpc") {
-            return Status::invalid_argument("content-type must be application/grpc").into_http();
+        let content_type = header("content-type");
+        if !content_type.starts_with("application/grpc") {
+            // Not gRPC at all: HTTP's answer (with a gRPC status for
+            // clients that read one).
+            let mut resp =
+                Status::internal(format!("content-type {content_type:?}: this is a gRPC server (application/grpc)"))
+                    .into_http();
+            *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            return resp;
+        }
+        if !is_grpc_content_type(content_type) {
+            return Status::invalid_argument(format!(
+                "content-type {content_type:?}: this service speaks protobuf (application/grpc or application/grpc+proto)"
+            ))
+            .into_http();
         }
         if !matches!(header("grpc-encoding"), "" | "identity") {
             return Status::unimplemented(
@@ -137,11 +151,11 @@ impl ServiceInner {
             .into_http();
         }
         drop(parts);
-        let source = MessageSource::new(body, self.limit, false, method.unary_request());
+        let source = MessageSource::new(body, self.limits, false, method.unary_request());
         match self.start(method, Source::Wire(source)).await {
             Ok(rx) => {
                 let ending = if method.unary_response() { Ending::UnaryResponse } else { Ending::Response };
-                let body = OutBody::new(rx, None, self.limit, ending);
+                let body = OutBody::new(rx, None, self.limits.message, ending);
                 let mut resp = http::Response::new(Body::new(body));
                 resp.headers_mut()
                     .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
@@ -237,8 +251,8 @@ pub async fn listen_with(
             stateless: true,
         },
     });
-    let limit = message_limit(config);
-    let svc = Service { inner: Arc::new(ServiceInner { tx: call_tx, closed: closed_rx.clone(), peer, limit }) };
+    let limits = limits(config);
+    let svc = Service { inner: Arc::new(ServiceInner { tx: call_tx, closed: closed_rx.clone(), peer, limits }) };
     let g = &config.grpc;
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(g.stream_window)

@@ -3,6 +3,7 @@
 
 use tokio::net::TcpStream;
 
+use super::wire::Limits;
 use crate::{Scheme, StreamKind, TransportConfig};
 
 /// ALPN protocol of HTTP/2 over TLS.
@@ -20,6 +21,18 @@ pub(crate) fn transport_name(s: Scheme) -> &'static str {
 /// plus protobuf framing.
 pub fn message_limit(config: &TransportConfig) -> usize {
     config.max_frame_payload as usize + config.max_header_bytes as usize + 64
+}
+
+/// The message and header limits of [`super::wire::Decoder`].
+pub(crate) fn limits(config: &TransportConfig) -> Limits {
+    Limits { message: message_limit(config), header: config.max_header_bytes as usize }
+}
+
+/// `application/grpc` or `application/grpc+proto`, optionally with
+/// parameters: the content types of protobuf gRPC messages.
+pub(crate) fn is_grpc_content_type(v: &str) -> bool {
+    let base = v.split(';').next().unwrap_or("").trim();
+    base.eq_ignore_ascii_case("application/grpc") || base.eq_ignore_ascii_case("application/grpc+proto")
 }
 
 pub(crate) fn tune_tcp(s: &TcpStream, config: &TransportConfig) {

@@ -34,6 +34,8 @@ const KEY_PAYLOAD: u8 = 0x12;
 pub(crate) enum WireError {
     /// The message is longer than the limit.
     TooLarge { size: u64, limit: usize },
+    /// The message's frame header is longer than the limit.
+    HeaderTooLarge { size: u64, limit: usize },
     /// A compressed message (or an unknown prefix flag): tensorwire's gRPC
     /// service does not negotiate gRPC compression (codecs compress chunks).
     Compressed(u8),
@@ -48,6 +50,9 @@ impl std::fmt::Display for WireError {
         match self {
             WireError::TooLarge { size, limit } => {
                 write!(f, "gRPC message of {size} bytes exceeds the limit of {limit} bytes")
+            }
+            WireError::HeaderTooLarge { size, limit } => {
+                write!(f, "frame header of {size} bytes exceeds the limit of {limit} bytes")
             }
             WireError::Compressed(flag) => write!(
                 f,
@@ -136,10 +141,25 @@ pub(crate) struct Decoded {
 /// byte. Messages sent in 1 MiB frames stay well below it.
 const MAX_PIECES: usize = 64;
 
-/// Splits a stream of DATA frames into messages.
+/// The sizes a [`Decoder`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Largest message (after its 5-byte prefix).
+    pub(crate) message: usize,
+    /// Largest `header` field (summed over its occurrences: protobuf
+    /// merges repeated fields, so a peer could otherwise send many).
+    pub(crate) header: usize,
+}
+
+/// Splits a stream of DATA frames into messages, one at a time: the
+/// caller [`push`](Self::push)es a frame, then takes messages with
+/// [`next`](Self::next) until it returns `None`, then pushes the next
+/// frame. Only one message is ever decoded ahead of the caller, so a
+/// frame packed with empty 5-byte messages costs no more memory than
+/// the frame itself.
 #[derive(Debug)]
 pub(crate) struct Decoder {
-    limit: usize,
+    limits: Limits,
     prefix: [u8; PREFIX],
     have_prefix: usize,
     /// Length of the message being collected (after its prefix).
@@ -149,29 +169,57 @@ pub(crate) struct Decoder {
     /// [`MAX_PIECES`] frames.
     merged: Option<BytesMut>,
     got: usize,
+    /// What [`next`](Self::next) has not read yet of the pushed frames.
+    unread: Bytes,
 }
 
 impl Decoder {
-    /// A decoder refusing messages over `limit` bytes.
-    pub(crate) fn new(limit: usize) -> Self {
-        Self { limit, prefix: [0; PREFIX], have_prefix: 0, need: None, pieces: Vec::new(), merged: None, got: 0 }
+    /// A decoder refusing messages over `limits`.
+    pub(crate) fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            prefix: [0; PREFIX],
+            have_prefix: 0,
+            need: None,
+            pieces: Vec::new(),
+            merged: None,
+            got: 0,
+            unread: Bytes::new(),
+        }
     }
 
-    /// Feeds one DATA frame; complete messages go to `out`.
-    pub(crate) fn feed(&mut self, mut data: Bytes, out: &mut VecDeque<Decoded>) -> Result<(), WireError> {
-        while !data.is_empty() || self.need == Some(self.got) {
+    /// Adds a DATA frame after what is unread (normally nothing: callers
+    /// push once [`next`](Self::next) returned `None`).
+    pub(crate) fn push(&mut self, data: Bytes) {
+        if self.unread.is_empty() {
+            self.unread = data;
+        } else if !data.is_empty() {
+            let mut b = BytesMut::with_capacity(self.unread.len() + data.len());
+            b.extend_from_slice(&self.unread);
+            b.extend_from_slice(&data);
+            self.unread = b.freeze();
+        }
+    }
+
+    /// The next complete message, or `None` when the pushed frames hold
+    /// no further complete message (all of them has then been read).
+    pub(crate) fn next(&mut self) -> Result<Option<Decoded>, WireError> {
+        loop {
             let Some(need) = self.need else {
-                let n = (PREFIX - self.have_prefix).min(data.len());
-                self.prefix[self.have_prefix..self.have_prefix + n].copy_from_slice(&data[..n]);
+                if self.unread.is_empty() {
+                    return Ok(None);
+                }
+                let n = (PREFIX - self.have_prefix).min(self.unread.len());
+                self.prefix[self.have_prefix..self.have_prefix + n].copy_from_slice(&self.unread[..n]);
                 self.have_prefix += n;
-                let _ = data.split_to(n);
+                let _ = self.unread.split_to(n);
                 if self.have_prefix == PREFIX {
                     if self.prefix[0] != 0 {
                         return Err(WireError::Compressed(self.prefix[0]));
                     }
                     let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
-                    if len as u64 > self.limit as u64 {
-                        return Err(WireError::TooLarge { size: len as u64, limit: self.limit });
+                    if len as u64 > self.limits.message as u64 {
+                        return Err(WireError::TooLarge { size: len as u64, limit: self.limits.message });
                     }
                     self.need = Some(len as usize);
                     self.have_prefix = 0;
@@ -185,11 +233,13 @@ impl Decoder {
                 };
                 self.need = None;
                 self.got = 0;
-                out.push_back(parse(pieces, need)?);
-                continue;
+                return parse(pieces, need, self.limits.header).map(Some);
             }
-            let n = (need - self.got).min(data.len());
-            let piece = data.split_to(n);
+            if self.unread.is_empty() {
+                return Ok(None);
+            }
+            let n = (need - self.got).min(self.unread.len());
+            let piece = self.unread.split_to(n);
             if let Some(m) = &mut self.merged {
                 m.extend_from_slice(&piece);
             } else if self.pieces.len() < MAX_PIECES {
@@ -205,10 +255,10 @@ impl Decoder {
             }
             self.got += n;
         }
-        Ok(())
     }
 
-    /// The stream ended: an error when it ended inside a message.
+    /// The stream ended (and [`next`](Self::next) returned `None`): an
+    /// error when it ended inside a message.
     pub(crate) fn finish(&self) -> Result<(), WireError> {
         match self.need {
             Some(need) => Err(WireError::Truncated { have: PREFIX + self.got, need: PREFIX + need }),
@@ -273,10 +323,12 @@ impl Cursor {
     }
 }
 
-/// Decodes a complete message of `len` bytes held in `pieces`.
-fn parse(pieces: Vec<Bytes>, len: usize) -> Result<Decoded, WireError> {
+/// Decodes a complete message of `len` bytes held in `pieces`, whose
+/// header fields hold at most `max_header` bytes in all.
+fn parse(pieces: Vec<Bytes>, len: usize, max_header: usize) -> Result<Decoded, WireError> {
     let mut c = Cursor { pieces: pieces.into(), left: len };
     let mut header: Option<v1::FrameHeader> = None;
+    let mut header_bytes = 0u64;
     let mut payload = Pieces::default();
     while c.left > 0 {
         let key = c.varint()?;
@@ -284,6 +336,10 @@ fn parse(pieces: Vec<Bytes>, len: usize) -> Result<Decoded, WireError> {
         match (field, wire_type) {
             (1, 2) => {
                 let n = c.varint()?;
+                header_bytes = header_bytes.saturating_add(n);
+                if header_bytes > max_header as u64 {
+                    return Err(WireError::HeaderTooLarge { size: header_bytes, limit: max_header });
+                }
                 let bytes = Pieces(c.take(n)?).into_bytes();
                 let h = header.get_or_insert_with(Default::default);
                 h.merge(bytes).map_err(|e| WireError::Malformed(format!("header: {e}")))?;
@@ -326,6 +382,19 @@ mod tests {
         }
     }
 
+    fn lim(message: usize) -> Limits {
+        Limits { message, header: 1 << 10 }
+    }
+
+    /// Pushes `data` and takes every message it completes.
+    fn feed(d: &mut Decoder, data: Bytes, out: &mut VecDeque<Decoded>) -> Result<(), WireError> {
+        d.push(data);
+        while let Some(m) = d.next()? {
+            out.push_back(m);
+        }
+        Ok(())
+    }
+
     fn wire(f: &v1::Frame) -> Vec<u8> {
         let (head, payload) = encode(f, 1 << 20).unwrap();
         [head.as_ref(), payload.as_ref()].concat()
@@ -348,10 +417,10 @@ mod tests {
         let frames = [frame(b"hello"), frame(&[1u8; 1000]), frame(b"")];
         let bytes: Vec<u8> = frames.iter().flat_map(wire).collect();
         for step in [1, 2, 5, 7, 64, 999, bytes.len()] {
-            let mut d = Decoder::new(1 << 20);
+            let mut d = Decoder::new(lim(1 << 20));
             let mut out = VecDeque::new();
             for piece in bytes.chunks(step) {
-                d.feed(Bytes::copy_from_slice(piece), &mut out).unwrap();
+                feed(&mut d, Bytes::copy_from_slice(piece), &mut out).unwrap();
             }
             d.finish().unwrap();
             assert_eq!(out.len(), 3, "step {step}");
@@ -366,10 +435,10 @@ mod tests {
     fn a_message_in_tiny_frames_is_held_in_a_bounded_number_of_pieces() {
         let f = frame(&[5u8; 10_000]);
         let bytes = wire(&f);
-        let mut d = Decoder::new(1 << 20);
+        let mut d = Decoder::new(lim(1 << 20));
         let mut out = VecDeque::new();
         for (i, b) in bytes.iter().enumerate() {
-            d.feed(Bytes::copy_from_slice(&[*b]), &mut out).unwrap();
+            feed(&mut d, Bytes::copy_from_slice(&[*b]), &mut out).unwrap();
             assert!(d.pieces.len() <= MAX_PIECES, "after {i} bytes");
         }
         let m = out.pop_front().unwrap();
@@ -381,9 +450,9 @@ mod tests {
     fn a_payload_in_one_data_frame_is_a_slice_of_it() {
         let f = frame(&[9u8; 4096]);
         let data = Bytes::from(wire(&f));
-        let mut d = Decoder::new(1 << 20);
+        let mut d = Decoder::new(lim(1 << 20));
         let mut out = VecDeque::new();
-        d.feed(data.clone(), &mut out).unwrap();
+        feed(&mut d, data.clone(), &mut out).unwrap();
         let got = out.pop_front().unwrap().payload.into_bytes();
         let start = data.as_ptr() as usize;
         assert!((got.as_ptr() as usize) > start && (got.as_ptr() as usize) < start + data.len());
@@ -392,30 +461,36 @@ mod tests {
     #[test]
     fn bad_messages_are_refused() {
         let mut out = VecDeque::new();
-        let mut d = Decoder::new(100);
+        let mut d = Decoder::new(lim(100));
         assert_eq!(
-            d.feed(Bytes::from_static(&[0, 0, 0, 1, 0]), &mut out),
+            feed(&mut d, Bytes::from_static(&[0, 0, 0, 1, 0]), &mut out),
             Err(WireError::TooLarge { size: 256, limit: 100 })
         );
-        let mut d = Decoder::new(100);
-        assert_eq!(d.feed(Bytes::from_static(&[1, 0, 0, 0, 1, 0]), &mut out), Err(WireError::Compressed(1)));
+        let mut d = Decoder::new(lim(100));
+        assert_eq!(feed(&mut d, Bytes::from_static(&[1, 0, 0, 0, 1, 0]), &mut out), Err(WireError::Compressed(1)));
         // A payload field longer than its message.
-        let mut d = Decoder::new(100);
+        let mut d = Decoder::new(lim(100));
         assert!(matches!(
-            d.feed(Bytes::from_static(&[0, 0, 0, 0, 2, 0x12, 9]), &mut out),
+            feed(&mut d, Bytes::from_static(&[0, 0, 0, 0, 2, 0x12, 9]), &mut out),
             Err(WireError::Malformed(_))
         ));
         // Field number 0, an end group wire type.
-        let mut d = Decoder::new(100);
-        assert!(matches!(d.feed(Bytes::from_static(&[0, 0, 0, 0, 1, 0x02]), &mut out), Err(WireError::Malformed(_))));
-        let mut d = Decoder::new(100);
-        assert!(matches!(d.feed(Bytes::from_static(&[0, 0, 0, 0, 1, 0x0C]), &mut out), Err(WireError::Malformed(_))));
+        let mut d = Decoder::new(lim(100));
+        assert!(matches!(
+            feed(&mut d, Bytes::from_static(&[0, 0, 0, 0, 1, 0x02]), &mut out),
+            Err(WireError::Malformed(_))
+        ));
+        let mut d = Decoder::new(lim(100));
+        assert!(matches!(
+            feed(&mut d, Bytes::from_static(&[0, 0, 0, 0, 1, 0x0C]), &mut out),
+            Err(WireError::Malformed(_))
+        ));
         // Truncated: inside the prefix, inside the message.
-        let mut d = Decoder::new(100);
-        d.feed(Bytes::from_static(&[0, 0]), &mut out).unwrap();
+        let mut d = Decoder::new(lim(100));
+        feed(&mut d, Bytes::from_static(&[0, 0]), &mut out).unwrap();
         assert!(matches!(d.finish(), Err(WireError::Truncated { .. })));
-        let mut d = Decoder::new(100);
-        d.feed(Bytes::from_static(&[0, 0, 0, 0, 9, 0x12]), &mut out).unwrap();
+        let mut d = Decoder::new(lim(100));
+        feed(&mut d, Bytes::from_static(&[0, 0, 0, 0, 9, 0x12]), &mut out).unwrap();
         assert!(matches!(d.finish(), Err(WireError::Truncated { have: 6, need: 14 })));
         assert!(out.is_empty());
         let big = v1::Frame { header: None, payload: Bytes::from(vec![0u8; 200]) };
@@ -429,9 +504,50 @@ mod tests {
         let mut data = vec![0u8];
         data.extend_from_slice(&(msg.len() as u32).to_be_bytes());
         data.extend_from_slice(&msg);
-        let mut d = Decoder::new(1 << 10);
+        let mut d = Decoder::new(lim(1 << 10));
         let mut out = VecDeque::new();
-        d.feed(Bytes::from(data), &mut out).unwrap();
+        feed(&mut d, Bytes::from(data), &mut out).unwrap();
         assert_eq!(out.pop_front().unwrap().payload.into_bytes(), Bytes::from_static(b"abc"));
+    }
+
+    #[test]
+    fn messages_are_decoded_one_at_a_time() {
+        // A DATA frame packed with empty messages: the decoder holds the
+        // frame, never a queue of decoded messages.
+        let data = Bytes::from([0u8; PREFIX].repeat(200_000));
+        let mut d = Decoder::new(lim(1 << 20));
+        d.push(data.clone());
+        for i in 1..=200_000usize {
+            let m = d.next().unwrap().expect("a message");
+            assert!(m.header.is_none() && m.payload.len() == 0);
+            assert_eq!(d.unread.len(), data.len() - i * PREFIX);
+        }
+        assert!(d.next().unwrap().is_none());
+        d.finish().unwrap();
+    }
+
+    #[test]
+    fn a_header_over_the_limit_is_refused() {
+        let big =
+            v1::FrameHeader { kind: Some(Kind::Error(v1::Error { message: "x".repeat(2000), ..Default::default() })) };
+        let f = v1::Frame { header: Some(big), payload: Bytes::new() };
+        let mut d = Decoder::new(lim(1 << 20));
+        assert!(matches!(
+            feed(&mut d, Bytes::from(wire(&f)), &mut VecDeque::new()),
+            Err(WireError::HeaderTooLarge { .. })
+        ));
+        // Many small header fields add up (protobuf merges them).
+        let one = frame(b"").header.unwrap().encode_to_vec();
+        let mut msg = Vec::new();
+        for _ in 0..200 {
+            msg.push(KEY_HEADER);
+            prost::encode_length_delimiter(one.len(), &mut msg).unwrap();
+            msg.extend_from_slice(&one);
+        }
+        let mut data = vec![0u8];
+        data.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        data.extend_from_slice(&msg);
+        let mut d = Decoder::new(lim(1 << 20));
+        assert!(matches!(feed(&mut d, Bytes::from(data), &mut VecDeque::new()), Err(WireError::HeaderTooLarge { .. })));
     }
 }
