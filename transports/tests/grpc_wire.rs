@@ -19,10 +19,10 @@ use tensorwire_transports::{
 use tonic::codegen::http;
 use tower_service::Service;
 
-/// A request body of given DATA frames.
-struct Chunks(VecDeque<Bytes>);
+/// A body of given frames (data, then maybe trailers).
+struct Frames(VecDeque<http_body::Frame<Bytes>>);
 
-impl http_body::Body for Chunks {
+impl http_body::Body for Frames {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
@@ -30,7 +30,7 @@ impl http_body::Body for Chunks {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+        Poll::Ready(self.0.pop_front().map(Ok))
     }
 }
 
@@ -61,7 +61,7 @@ async fn raw_call(chan: &mut GrpcChannel, path: &str, headers: &[(&str, &str)], 
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let req = b.body(tonic::body::Body::new(Chunks(data.into()))).unwrap();
+    let req = b.body(tonic::body::Body::new(Frames(data.into_iter().map(http_body::Frame::data).collect()))).unwrap();
     std::future::poll_fn(|cx| chan.poll_ready(cx)).await.unwrap();
     let resp = chan.call(req).await.unwrap();
     let (parts, mut body) = resp.into_parts();
@@ -215,21 +215,6 @@ fn clone_frame(f: &http_body::Frame<Bytes>) -> http_body::Frame<Bytes> {
     }
 }
 
-/// A response body of given frames (data and trailers).
-struct FakeFrames(VecDeque<http_body::Frame<Bytes>>);
-
-impl http_body::Body for FakeFrames {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.0.pop_front().map(Ok))
-    }
-}
-
 impl tonic::server::NamedService for Fake {
     const NAME: &'static str = "tensorwire.v1.TensorService";
 }
@@ -244,7 +229,7 @@ impl Service<http::Request<tonic::body::Body>> for Fake {
     }
 
     fn call(&mut self, _req: http::Request<tonic::body::Body>) -> Self::Future {
-        let frames = FakeFrames(self.frames.iter().map(clone_frame).collect());
+        let frames = Frames(self.frames.iter().map(clone_frame).collect());
         let mut b = http::Response::builder().status(self.status).header("content-type", self.content_type);
         if self.grpc_status_in_headers {
             b = b.header("grpc-status", "0");

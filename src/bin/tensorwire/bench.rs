@@ -13,7 +13,7 @@ use crate::harness::ucx_perftest_on;
 use crate::harness::{
     RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
     calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
-    send_time, ucx_perftest,
+    send_time, ucx_perftest, wake_round_trips,
 };
 use clap::Args as ClapArgs;
 use tensorwire::{Client, Server};
@@ -406,6 +406,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "calls/s@64"
         );
     }
+    let latency_rows_empty = latency_rows.is_empty();
     for (scheme, p50, p99, b50, b99, cps) in latency_rows {
         if a.json {
             println!(
@@ -426,8 +427,29 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             );
         }
     }
+    if !latency_rows_empty {
+        wake_floor(&a)?;
+    }
     if a.batch_examples > 0 {
         batching(&a, &rt)?;
+    }
+    Ok(())
+}
+
+/// The machine's wake-up cost, printed under the latency table: what any
+/// round trip whose sides sleep while waiting pays twice.
+fn wake_floor(a: &BenchArgs) -> Result<(), BoxError> {
+    let sleeping = wake_round_trips(false, a.round_trips)?.quantile_ms(0.5);
+    let spinning = wake_round_trips(true, a.round_trips)?.quantile_ms(0.5);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"wake_floor_sleeping_p50_ms": sleeping, "wake_floor_spinning_p50_ms": spinning})
+        );
+    } else {
+        println!(
+            "wake floor: two threads handing a word back and forth, p50 round trip {sleeping:.4} ms when each sleeps until woken (futex), {spinning:.4} ms when both spin"
+        );
     }
     Ok(())
 }

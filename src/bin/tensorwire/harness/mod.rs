@@ -227,6 +227,45 @@ pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Re
     Ok(h)
 }
 
+/// Round trips between two threads of this process handing a counter back
+/// and forth, no transport at all: with `spin` each side busy-waits on the
+/// shared word; otherwise each sleeps (a futex, as a socket read or an idle
+/// async runtime does) until the other wakes it. The floor under every
+/// round trip that sleeps while it waits: on a VM a wake-up can cost tens
+/// of microseconds, spinning a fraction of one.
+pub fn wake_round_trips(spin: bool, reps: usize) -> std::io::Result<Histogram> {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let turn = Arc::new(AtomicU64::new(0));
+    let main = std::thread::current();
+    let t2 = turn.clone();
+    let echo = std::thread::spawn(move || {
+        for i in 0..reps as u64 {
+            while t2.load(Acquire) != 2 * i + 1 {
+                if spin { std::hint::spin_loop() } else { std::thread::park() }
+            }
+            t2.store(2 * i + 2, Release);
+            if !spin {
+                main.unpark();
+            }
+        }
+    });
+    let peer = echo.thread().clone();
+    let mut h = Histogram::default();
+    for i in 0..reps as u64 {
+        let t = Instant::now();
+        turn.store(2 * i + 1, Release);
+        if !spin {
+            peer.unpark();
+        }
+        while turn.load(Acquire) != 2 * i + 2 {
+            if spin { std::hint::spin_loop() } else { std::thread::park() }
+        }
+        h.record(t.elapsed());
+    }
+    echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))?;
+    Ok(h)
+}
+
 /// Mean time to `send` one tensor of `bytes` to the server behind `client`.
 pub async fn send_time(client: &Client, bytes: usize, reps: usize) -> Result<Duration, tensorwire::CallError> {
     let t = random_tensor(DType::UInt8, &[bytes], 1).map_err(tensorwire::CallError::Remote)?;
