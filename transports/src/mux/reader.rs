@@ -33,10 +33,17 @@ use crate::{FrameHeader, Incoming, Payload, Received, StreamError};
 /// read into their own allocation, past the buffer.
 const READ_BUF: usize = 64 << 10;
 
-pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, rd: R) {
+/// How long a connection closed on this side keeps reading (and dropping)
+/// what the peer still sends, waiting for the peer to close its side.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R) {
     let result = tokio::select! {
-        r = read_frames(&shared, rd) => r,
-        _ = shared.wait_closed() => return,
+        r = read_frames(&shared, &mut rd) => r,
+        _ = shared.wait_closed() => {
+            drain(&mut rd).await;
+            return;
+        }
     };
     let err = match result {
         Ok(()) => {
@@ -51,6 +58,24 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, rd: R) {
         }
     };
     shared.fail(err);
+}
+
+/// After a close on this side (a GOAWAY, then the writer's FIN after the
+/// frames still queued): reads and drops what the peer still sends until it
+/// closes its side, at most [`LINGER`]. A socket closed with unread bytes
+/// (the peer's window updates, say) makes the kernel answer with a reset
+/// (TCP) or `ECONNRESET` (Unix) — which throws away what was still queued
+/// for the peer: the end of a reply that a graceful shutdown let finish.
+async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
+    let mut buf = vec![0u8; 16 << 10];
+    let _ = tokio::time::timeout(LINGER, async {
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// The socket, its read buffer and the decoder cutting frames out of it.
