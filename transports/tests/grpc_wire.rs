@@ -110,7 +110,7 @@ async fn bad_messages_get_clear_errors_and_the_server_keeps_serving() {
     // Not gRPC: HTTP 415 (with a gRPC status); gRPC but not protobuf.
     let (code, msg) =
         raw_call(&mut chan, "/tensorwire.v1.TensorService/Send", &[("content-type", "text/plain")], vec![]).await;
-    assert_eq!(code, "13", "{msg}");
+    assert_eq!(code, "3", "{msg}");
     assert!(msg.contains("text/plain"), "{msg}");
     let (code, msg) =
         raw_call(&mut chan, "/tensorwire.v1.TensorService/Send", &[("content-type", "application/grpc+json")], vec![])

@@ -138,7 +138,7 @@ pub(crate) struct MessageSource {
     /// The method takes one message in this direction.
     unary: bool,
     seen: usize,
-    /// How the body ended, once it has (delivered after `ready`).
+    /// How the body ended, once it has (delivered once the decoder holds no further message).
     end: Option<Result<(), Status>>,
 }
 

@@ -20,7 +20,7 @@ use tonic::codegen::http::{self, Uri};
 
 use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::Recording;
-use super::settings::{H2, Method, is_grpc_content_type, limits, transport_name, tune_tcp};
+use super::settings::{ContentType, H2, Method, content_type, limits, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, RequestSend, ResetFlag, Source, next_id};
 use super::wire::Limits;
 use crate::{
@@ -343,10 +343,10 @@ async fn call(
             format!("the server answered HTTP status {} without a gRPC status", parts.status),
         ));
     }
-    let content_type = parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if !is_grpc_content_type(content_type) {
+    let ct = parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if content_type(ct) != ContentType::Proto {
         return Err(Status::unknown(format!(
-            "the server answered content-type {content_type:?}, not application/grpc: not a gRPC server"
+            "the server answered content-type {ct:?}, not application/grpc: not a gRPC server"
         )));
     }
     let body = tonic::body::Body::new(body);

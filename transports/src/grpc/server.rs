@@ -19,7 +19,7 @@ use tonic::service::Routes;
 
 use super::body::{Ending, Item, MessageSource, OutBody};
 use super::io::{Io, Sock};
-use super::settings::{H2, Method, SERVICE, is_grpc_content_type, limits, transport_name, tune_tcp};
+use super::settings::{ContentType, H2, Method, SERVICE, content_type, limits, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
 use super::wire::Limits;
 use crate::sync::lock;
@@ -128,21 +128,24 @@ impl ServiceInner {
         };
         let (parts, body) = req.into_parts();
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let content_type = header("content-type");
-        if !content_type.starts_with("application/grpc") {
-            // Not gRPC at all: HTTP's answer (with a gRPC status for
-            // clients that read one).
-            let mut resp =
-                Status::internal(format!("content-type {content_type:?}: this is a gRPC server (application/grpc)"))
-                    .into_http();
-            *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
-            return resp;
-        }
-        if !is_grpc_content_type(content_type) {
-            return Status::invalid_argument(format!(
-                "content-type {content_type:?}: this service speaks protobuf (application/grpc or application/grpc+proto)"
-            ))
-            .into_http();
+        let ct = header("content-type");
+        match content_type(ct) {
+            ContentType::Proto => {}
+            ContentType::NotGrpc => {
+                // Not gRPC at all: HTTP's answer, with a gRPC status for
+                // clients that read one (as grpc-go answers).
+                let mut resp =
+                    Status::invalid_argument(format!("content-type {ct:?}: this is a gRPC server (application/grpc)"))
+                        .into_http();
+                *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+                return resp;
+            }
+            ContentType::OtherGrpc => {
+                return Status::invalid_argument(format!(
+                    "content-type {ct:?}: this service speaks protobuf (application/grpc or application/grpc+proto)"
+                ))
+                .into_http();
+            }
         }
         if !matches!(header("grpc-encoding"), "" | "identity") {
             return Status::unimplemented(

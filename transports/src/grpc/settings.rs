@@ -28,11 +28,26 @@ pub(crate) fn limits(config: &TransportConfig) -> Limits {
     Limits { message: message_limit(config), header: config.max_header_bytes as usize }
 }
 
-/// `application/grpc` or `application/grpc+proto`, optionally with
-/// parameters: the content types of protobuf gRPC messages.
-pub(crate) fn is_grpc_content_type(v: &str) -> bool {
-    let base = v.split(';').next().unwrap_or("").trim();
-    base.eq_ignore_ascii_case("application/grpc") || base.eq_ignore_ascii_case("application/grpc+proto")
+/// What a `content-type` says of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ContentType {
+    /// `application/grpc` or `application/grpc+proto` (any case, optionally
+    /// with parameters): protobuf gRPC messages.
+    Proto,
+    /// gRPC with another message format (`application/grpc+json`, ...).
+    OtherGrpc,
+    /// Not gRPC.
+    NotGrpc,
+}
+
+/// Classifies a `content-type` header value.
+pub(crate) fn content_type(v: &str) -> ContentType {
+    let base = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match base.as_str() {
+        "application/grpc" | "application/grpc+proto" => ContentType::Proto,
+        b if b.starts_with("application/grpc+") => ContentType::OtherGrpc,
+        _ => ContentType::NotGrpc,
+    }
 }
 
 pub(crate) fn tune_tcp(s: &TcpStream, config: &TransportConfig) {

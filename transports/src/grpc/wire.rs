@@ -154,9 +154,10 @@ pub(crate) struct Limits {
 /// Splits a stream of DATA frames into messages, one at a time: the
 /// caller [`push`](Self::push)es a frame, then takes messages with
 /// [`next`](Self::next) until it returns `None`, then pushes the next
-/// frame. Only one message is ever decoded ahead of the caller, so a
-/// frame packed with empty 5-byte messages costs no more memory than
-/// the frame itself.
+/// frame. No message is decoded before the caller asks for it: the decoder
+/// holds the unread bytes of the frames pushed and the message being
+/// collected, so a frame packed with empty 5-byte messages costs no more
+/// memory than the frame itself.
 #[derive(Debug)]
 pub(crate) struct Decoder {
     limits: Limits,
@@ -202,7 +203,7 @@ impl Decoder {
     }
 
     /// The next complete message, or `None` when the pushed frames hold
-    /// no further complete message (all of them has then been read).
+    /// no further complete message (all of it has then been read).
     pub(crate) fn next(&mut self) -> Result<Option<Decoded>, WireError> {
         loop {
             let Some(need) = self.need else {

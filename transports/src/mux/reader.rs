@@ -62,10 +62,11 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R) {
 
 /// After a close on this side (a GOAWAY, then the writer's FIN after the
 /// frames still queued): reads and drops what the peer still sends until it
-/// closes its side, at most [`LINGER`]. A socket closed with unread bytes
-/// (the peer's window updates, say) makes the kernel answer with a reset
-/// (TCP) or `ECONNRESET` (Unix) — which throws away what was still queued
-/// for the peer: the end of a reply that a graceful shutdown let finish.
+/// closes its side, at most [`LINGER`]. A TCP socket closed with unread
+/// bytes (the peer's window updates, say) makes the kernel send a reset,
+/// which throws away what was still queued for the peer: the end of a reply
+/// that a graceful shutdown let finish. (A Unix socket's peer reads what was
+/// queued, then gets `ECONNRESET` instead of a clean end.)
 async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
     let mut buf = vec![0u8; 16 << 10];
     let _ = tokio::time::timeout(LINGER, async {

@@ -232,8 +232,10 @@ pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Re
 /// shared word; otherwise each sleeps (a futex, as a socket read or an idle
 /// async runtime does) until the other wakes it. The floor under every
 /// round trip that sleeps while it waits: on a VM a wake-up can cost tens
-/// of microseconds, spinning a fraction of one.
-pub fn wake_round_trips(spin: bool, reps: usize) -> std::io::Result<Histogram> {
+/// of microseconds, spinning a fraction of one. Returns the histogram
+/// (whole microseconds) and the mean round trip (exact: what a spinning
+/// round trip is read from).
+pub fn wake_round_trips(spin: bool, reps: usize) -> std::io::Result<(Histogram, Duration)> {
     use std::sync::atomic::Ordering::{Acquire, Release};
     let turn = Arc::new(AtomicU64::new(0));
     let main = std::thread::current();
@@ -251,6 +253,7 @@ pub fn wake_round_trips(spin: bool, reps: usize) -> std::io::Result<Histogram> {
     });
     let peer = echo.thread().clone();
     let mut h = Histogram::default();
+    let all = Instant::now();
     for i in 0..reps as u64 {
         let t = Instant::now();
         turn.store(2 * i + 1, Release);
@@ -262,8 +265,9 @@ pub fn wake_round_trips(spin: bool, reps: usize) -> std::io::Result<Histogram> {
         }
         h.record(t.elapsed());
     }
+    let mean = all.elapsed() / reps.max(1) as u32;
     echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))?;
-    Ok(h)
+    Ok((h, mean))
 }
 
 /// Mean time to `send` one tensor of `bytes` to the server behind `client`.
