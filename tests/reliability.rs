@@ -250,12 +250,24 @@ async fn connections_are_capped_and_idle_ones_make_room() {
     let cfg = ClientConfig { retry: RetryPolicy::None, ..Default::default() };
     let e = Client::connect_with(&url, cfg.clone()).await.unwrap_err();
     assert!(e.to_string().contains("too many connections"), "{e}");
-    // Once they are idle, the oldest makes room for a new client.
+    // Once they are gone, their slots are free again. (Their connections
+    // close in the background: until the server has seen that, a new
+    // client is still refused.)
     drop(busy);
-    let idle = Client::connect(&url).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let idle = loop {
+        match Client::connect_with(&url, cfg.clone()).await {
+            Ok(c) => break c,
+            Err(e) if e.to_string().contains("too many connections") && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("the dropped clients' slots were not freed: {e}"),
+        }
+    };
     assert!(idle.health().await.unwrap());
     let other = Client::connect(&url).await.unwrap();
     assert!(other.health().await.unwrap());
+    // At the cap again: the oldest idle connection makes room.
     let third = Client::connect_with(&url, cfg).await.unwrap();
     assert!(third.health().await.unwrap());
 }
