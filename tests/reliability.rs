@@ -246,7 +246,11 @@ async fn connections_are_capped_and_idle_ones_make_room() {
         let stream = c.exchange(tokio_stream_from(rx)).await.unwrap();
         busy.push((c, tx, stream));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both calls are open on the server (else a connection counts as idle).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.info().active_calls < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let cfg = ClientConfig { retry: RetryPolicy::None, ..Default::default() };
     let e = Client::connect_with(&url, cfg.clone()).await.unwrap_err();
     assert!(e.to_string().contains("too many connections"), "{e}");

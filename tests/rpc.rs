@@ -142,7 +142,10 @@ async fn tasks_run_report_cancel_and_expire() {
             Err(Status::cancelled("stopped"))
         }
     });
-    let tasks = TaskConfig { ttl: Duration::from_millis(300), max_tasks: 3 };
+    // The ttl outlasts the steps between the first task's end and the
+    // refused submit below on a loaded machine (it was 300 ms: the first
+    // task could expire first and free its slot).
+    let tasks = TaskConfig { ttl: Duration::from_secs(2), max_tasks: 3 };
     let (server, _d) = start(Server::builder().function(slow).function(forever).tasks(tasks), "unix").await;
     let c = Client::connect(&server.url()).await.unwrap();
     let id = c.submit("slow", vec![], Args::new().with("factor", 3)).await.unwrap();
@@ -166,9 +169,15 @@ async fn tasks_run_report_cancel_and_expire() {
     let e = c.submit("slow", vec![], Args::new()).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
     c.task_result(&id3, Duration::from_secs(5)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for id in [&id, &id2, &id3] {
-        assert_eq!(c.task_status(id).await.unwrap_err().code(), Code::NotFound, "{id} expired");
+        loop {
+            match c.task_status(id).await {
+                Err(e) if e.code() == Code::NotFound => break,
+                r => assert!(std::time::Instant::now() < deadline, "{id} did not expire: {r:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     c.submit("slow", vec![], Args::new()).await.unwrap();
     assert_eq!(c.task_status("task-nope").await.unwrap_err().code(), Code::NotFound);
@@ -240,8 +249,11 @@ async fn non_idempotent_calls_are_not_retried_once_sent() {
             let c = c.clone();
             async move { c.call_with("bump", vec![], Args::new(), &opts).await }
         });
-        // The server dies with the call in flight, and comes back.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The server dies with the call in flight (running), and comes back.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while runs.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         first.abort().await;
         let second = mk(runs.clone()).build().start([url.as_str()]).await.unwrap();
         let r = call.await.unwrap();
@@ -279,6 +291,11 @@ async fn statistics_and_service_info_match_what_happened() {
     assert_eq!(s.bytes_received, 5 * 1024);
     assert!(s.latency_p50_ms > 0.0 && s.latency_p99_ms >= s.latency_p50_ms);
     assert!(s.avg_network_time_ms >= 0.0);
+    // The server lets go of a call just after its reply is out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.info().active_calls > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let info = c.service_info().await.unwrap();
     assert_eq!(info.service_name, "stats-test");
     assert_eq!(info.version, tensorwire::VERSION);
