@@ -247,10 +247,7 @@ async fn connections_are_capped_and_idle_ones_make_room() {
         busy.push((c, tx, stream));
     }
     // Both calls are open on the server (else a connection counts as idle).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while server.info().active_calls < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(Duration::from_secs(10), || server.info().active_calls >= 2).await;
     let cfg = ClientConfig { retry: RetryPolicy::None, ..Default::default() };
     let e = Client::connect_with(&url, cfg.clone()).await.unwrap_err();
     assert!(e.to_string().contains("too many connections"), "{e}");
@@ -307,10 +304,7 @@ async fn shutdown_drains_a_fetch_in_flight(scheme: &str) {
     let fetch = tokio::spawn(async move { c.fetch_one("big").await });
     // Shut down once the server has the fetch in hand (a call that has not
     // reached it yet is refused, not drained: that is another test).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while server.info().active_calls == 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until(Duration::from_secs(10), || server.info().active_calls > 0).await;
     // ...and has begun answering it (QUIC: see the notes on issue 17; a
     // shutdown in the first instants of a call is not drained there yet).
     tokio::time::sleep(Duration::from_millis(30)).await;

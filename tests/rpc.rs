@@ -250,10 +250,7 @@ async fn non_idempotent_calls_are_not_retried_once_sent() {
             async move { c.call_with("bump", vec![], Args::new(), &opts).await }
         });
         // The server dies with the call in flight (running), and comes back.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while runs.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        wait_until(Duration::from_secs(10), || runs.load(Ordering::SeqCst) > 0).await;
         first.abort().await;
         let second = mk(runs.clone()).build().start([url.as_str()]).await.unwrap();
         let r = call.await.unwrap();
@@ -292,10 +289,7 @@ async fn statistics_and_service_info_match_what_happened() {
     assert!(s.latency_p50_ms > 0.0 && s.latency_p99_ms >= s.latency_p50_ms);
     assert!(s.avg_network_time_ms >= 0.0);
     // The server lets go of a call just after its reply is out.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while server.info().active_calls > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(Duration::from_secs(10), || server.info().active_calls == 0).await;
     let info = c.service_info().await.unwrap();
     assert_eq!(info.service_name, "stats-test");
     assert_eq!(info.version, tensorwire::VERSION);

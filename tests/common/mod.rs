@@ -96,3 +96,20 @@ pub async fn raw_handshake(url: &str, token: &str) -> std::sync::Arc<dyn tensorw
     assert!(matches!(r.header.kind, Some(Kind::Welcome(_))), "{:?}", r.header);
     conn
 }
+
+/// Polls `cond` every few milliseconds until it holds or `within` has
+/// passed; says whether it held. For what a server does in the background
+/// (a call it lets go of, a connection it sees closed): a loaded machine
+/// may take long, so tests wait on the fact, not a fixed sleep.
+pub async fn wait_until(within: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
