@@ -95,6 +95,21 @@ pub struct ShmConfig {
     /// (default 30 s); a frame naming a segment that has not arrived within
     /// it fails.
     pub segment_timeout: Duration,
+    /// Bytes of each direction's shared-memory ring (default 256 KiB,
+    /// rounded up to a power of two between 4 KiB and 16 MiB; 0: none):
+    /// with rings, a client that offers shared memory moves the whole mux
+    /// byte stream (headers, small tensors, chunks no segment carries)
+    /// through memory the two processes share instead of the Unix socket,
+    /// which then only tells each side when the other is gone. The client
+    /// decides; a server accepts the rings a client offers. URL `?ring=0`
+    /// turns them off for one endpoint.
+    pub ring_bytes: usize,
+    /// How long a ring connection's side keeps polling for bytes (or room)
+    /// after the connection last moved any, before it sleeps until the
+    /// other side wakes it (default 50 µs; zero: sleep at once). Spinning
+    /// is what makes a small call a few microseconds instead of two
+    /// thread wake-ups; it costs CPU only right after traffic.
+    pub spin: Duration,
 }
 
 impl Default for ShmConfig {
@@ -105,6 +120,8 @@ impl Default for ShmConfig {
             max_segment_bytes: 16 << 30,
             max_in_flight: 1 << 30,
             segment_timeout: Duration::from_secs(30),
+            ring_bytes: 256 << 10,
+            spin: Duration::from_micros(50),
         }
     }
 }

@@ -80,19 +80,30 @@ fn socket_path(endpoint: &Endpoint) -> std::path::PathBuf {
 pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Arc<dyn Connection>, ConnectError> {
     let io = |source| ConnectError::Io { endpoint: endpoint.to_string(), source };
     let s = connect_socket(&socket_path(endpoint)).await.map_err(io)?;
+    let info = SocketInfo { peer: endpoint.to_string(), transport: "unix", local: true };
     #[cfg(feature = "shm")]
-    let side = if wants_shm(endpoint, config) { Some(crate::shm::offer(&s).await.map_err(io)?) } else { None };
+    if wants_shm(endpoint, config) {
+        let ring_bytes = if endpoint.query("ring") == Some("0") { 0 } else { config.shm.ring_bytes };
+        let offer = crate::shm::offer(&s, ring_bytes).await.map_err(io)?;
+        let c: Arc<dyn Connection> = match offer.ring {
+            Some(parts) => {
+                let (rd, wr) = crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, &config.shm).map_err(io)?;
+                mux::establish(rd, wr, Role::Client, info, config).await
+            }
+            None => {
+                let (rd, wr) = s.into_split();
+                mux::establish(rd, wr, Role::Client, info, config).await
+            }
+        }
+        .map_err(|e| establish_error(endpoint, e))?;
+        let name = if endpoint.scheme() == crate::Scheme::Shm { "shm" } else { "unix+shm" };
+        return crate::shm::wrap(c, offer.side, &config.shm, name).map_err(io);
+    }
     #[cfg(not(feature = "shm"))]
     let _ = wants_shm(endpoint, config);
     let (rd, wr) = s.into_split();
-    let info = SocketInfo { peer: endpoint.to_string(), transport: "unix", local: true };
     let c: Arc<dyn Connection> =
         mux::establish(rd, wr, Role::Client, info, config).await.map_err(|e| establish_error(endpoint, e))?;
-    #[cfg(feature = "shm")]
-    if let Some(side) = side {
-        let name = if endpoint.scheme() == crate::Scheme::Shm { "shm" } else { "unix+shm" };
-        return crate::shm::wrap(c, side, &config.shm, name).map_err(io);
-    }
     Ok(c)
 }
 
@@ -174,13 +185,26 @@ impl RawAccept for UnixAccept {
             tokio::spawn(async move {
                 let peer = info.peer.clone();
                 let fail = |reason: String| AcceptError::Handshake { peer: peer.clone(), reason };
-                let side = match tokio::time::timeout(config.connect_timeout, crate::shm::accept_offer(&s)).await {
-                    Ok(Ok(side)) => side,
+                let offer = match tokio::time::timeout(config.connect_timeout, crate::shm::accept_offer(&s)).await {
+                    Ok(Ok(offer)) => offer,
                     Ok(Err(e)) => return drop(tx.send(Err(fail(e.to_string()))).await),
                     Err(_) => return drop(tx.send(Err(fail("no data within the connect timeout".into()))).await),
                 };
-                let (rd, wr) = s.into_split();
-                let r = match mux::establish(rd, wr, Role::Server, info, &config).await {
+                let (side, ring) = match offer {
+                    Some(o) => (Some(o.side), o.ring),
+                    None => (None, None),
+                };
+                let established = match ring {
+                    Some(parts) => match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, &config.shm) {
+                        Ok((rd, wr)) => mux::establish(rd, wr, Role::Server, info, &config).await,
+                        Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
+                    },
+                    None => {
+                        let (rd, wr) = s.into_split();
+                        mux::establish(rd, wr, Role::Server, info, &config).await
+                    }
+                };
+                let r = match established {
                     Ok(c) => match side {
                         Some(fd) => {
                             let name = if shm { "shm" } else { "unix+shm" };

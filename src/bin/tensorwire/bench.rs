@@ -290,10 +290,17 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     // The plain tonic stream the gRPC and tcp transports are compared with.
     #[cfg(feature = "grpc")]
     let mut peer = None;
-    for scheme in &a.transports {
-        let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{scheme}: {e}"))?;
+    for label in &a.transports {
+        // `shm?ring=0`: the transport `shm` with the client URL's options.
+        let (scheme, options) = label.split_once('?').map_or((label.as_str(), None), |(s, o)| (s, Some(o)));
+        let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{label}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
-        let client = rt.block_on(Client::connect_with(&client_url(scheme, server.url()), bench_client_config()))?;
+        let mut url = client_url(scheme, server.url());
+        if let Some(o) = options {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(o);
+        }
+        let client = rt.block_on(Client::connect_with(&url, bench_client_config()))?;
         let raw = baseline_for(scheme);
         // Latency against a real socket even where throughput compares to memcpy.
         let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
@@ -301,7 +308,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);
             let (mut sent, mut fetched, mut base, mut fresh) = (vec![], vec![], vec![], vec![]);
             #[cfg(feature = "grpc")]
-            let with_peer = matches!(scheme.as_str(), "grpc" | "tcp");
+            let with_peer = matches!(scheme, "grpc" | "tcp");
             #[cfg(feature = "grpc")]
             let (mut peer_sent, mut peer_fetched) = (vec![], vec![]);
             for _ in 0..rounds {
@@ -395,7 +402,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         if scheme == "quic" && a.stripes > 1 {
             striped_rows(&a, &sizes, raw)?;
         }
-        latency_rows.push((scheme.clone(), median(p50), median(p99), median(b50), median(b99), cps));
+        latency_rows.push((label.clone(), median(p50), median(p99), median(b50), median(b99), cps));
         drop(client);
         drop(server);
     }

@@ -48,6 +48,7 @@
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
+pub(crate) mod ring;
 pub(crate) mod segment;
 
 use std::collections::HashMap;
@@ -64,7 +65,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use self::segment::{
-    MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fd, send_with_fd, seqpacket_pair,
+    MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fds, send_with_fds, seqpacket_pair,
 };
 use crate::config::ShmConfig;
 use crate::sync::{lock, spawn_bounded};
@@ -82,27 +83,61 @@ pub(crate) fn socket_path(name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("@tensorwire-shm-{name}"))
 }
 
+/// Byte of the offer's magic that says rings follow (1) or not (0).
+const RING_FLAG: usize = 6;
+
+/// The rings of a connection, once offered or accepted: the mapping and
+/// the eventfds (see [`ring::EVENTFDS`]).
+pub(crate) type RingParts = (Arc<ring::Region>, [OwnedFd; ring::EVENTFDS]);
+
+/// What a client offered: its end of the side channel, and rings for the
+/// mux's frames when it asked for them.
+pub(crate) struct Offer {
+    /// The side channel.
+    pub(crate) side: OwnedFd,
+    /// The rings, when offered.
+    pub(crate) ring: Option<RingParts>,
+}
+
 /// Client side: offers shared memory on a fresh socket (before the mux
-/// preface) and returns our end of the side channel.
-pub(crate) async fn offer(s: &UnixStream) -> std::io::Result<OwnedFd> {
+/// preface): the side channel, and rings of `ring_bytes` per direction for
+/// the mux's frames unless that is 0.
+pub(crate) async fn offer(s: &UnixStream, ring_bytes: usize) -> std::io::Result<Offer> {
     let (ours, theirs) = seqpacket_pair()?;
+    let rings = if ring_bytes > 0 { Some(ring::RingOffer::new(ring_bytes)?) } else { None };
+    let mut magic = *MAGIC;
+    let mut fds = vec![theirs.as_raw_fd()];
+    if let Some(r) = &rings {
+        magic[RING_FLAG] = 1;
+        fds.push(r.memfd.as_raw_fd());
+        fds.extend(r.events.iter().map(|e| e.as_raw_fd()));
+    }
     loop {
         s.writable().await?;
-        match s.try_io(tokio::io::Interest::WRITABLE, || send_with_fd(s.as_raw_fd(), MAGIC, theirs.as_raw_fd())) {
-            Ok(n) if n == MAGIC.len() => return Ok(ours),
+        match s.try_io(tokio::io::Interest::WRITABLE, || send_with_fds(s.as_raw_fd(), &magic, &fds)) {
+            Ok(n) if n == magic.len() => break,
             Ok(_) => return Err(std::io::Error::other("short write of the shared-memory offer")),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
     }
+    Ok(Offer { side: ours, ring: rings.map(ring::offered) })
+}
+
+/// Whether `buf` (8 bytes) is an offer: the magic, with or without rings.
+fn is_offer(buf: &[u8; 8]) -> Option<bool> {
+    let ring = buf[RING_FLAG];
+    let mut plain = *buf;
+    plain[RING_FLAG] = 0;
+    (&plain == MAGIC && ring <= 1).then_some(ring == 1)
 }
 
 /// Server side: if the client's first bytes are the offer, consumes them
-/// and returns the side channel it passed; otherwise leaves the socket as
-/// it was (a plain mux client).
-pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<OwnedFd>> {
+/// and returns what it passed (checked: a ring region of allowed size and
+/// eventfds); otherwise leaves the socket as it was (a plain mux client).
+pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer>> {
     let mut buf = [0u8; 8];
-    loop {
+    let with_ring = loop {
         s.readable().await?;
         let peeked = s.try_io(tokio::io::Interest::READABLE, || {
             // SAFETY: recv with MSG_PEEK into an 8-byte buffer on our socket.
@@ -112,22 +147,54 @@ pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Owned
         });
         match peeked {
             Ok(0) => return Ok(None),
-            Ok(n) if n < MAGIC.len() && buf[..n] == MAGIC[..n] => {
+            Ok(n) if n < MAGIC.len() && buf[..n.min(RING_FLAG)] == MAGIC[..n.min(RING_FLAG)] => {
                 // The offer is sent whole; wait for the rest of it.
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 continue;
             }
-            Ok(n) if n == MAGIC.len() && &buf == MAGIC => break,
+            Ok(n) if n == MAGIC.len() => match is_offer(&buf) {
+                Some(ring) => break ring,
+                None => return Ok(None),
+            },
             Ok(_) => return Ok(None),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
+    };
+    let (n, fds) = s.try_io(tokio::io::Interest::READABLE, || recv_with_fds(s.as_raw_fd(), &mut buf, 0))?;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let want = if with_ring { 2 + ring::EVENTFDS } else { 1 };
+    if n != MAGIC.len() || fds.len() != want {
+        return Err(bad(format!(
+            "shared-memory offer with {} descriptors attached, {want} expected (side channel{})",
+            fds.len(),
+            if with_ring { ", ring region and eventfds" } else { "" }
+        )));
     }
-    let (n, fd) = s.try_io(tokio::io::Interest::READABLE, || recv_with_fd(s.as_raw_fd(), &mut buf, 0))?;
-    match (n, fd) {
-        (8, Some(fd)) => Ok(Some(fd)),
-        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "shared-memory offer without a side channel")),
-    }
+    let mut fds = fds.into_iter();
+    let side = fds.next().expect("counted");
+    let ring = match with_ring {
+        true => {
+            let memfd = fds.next().expect("counted");
+            let events: [OwnedFd; ring::EVENTFDS] = fds.collect::<Vec<_>>().try_into().map_err(|_| bad("counted".into()))?;
+            Some(ring::accept(memfd, events).map_err(bad)?)
+        }
+        false => None,
+    };
+    Ok(Some(Offer { side, ring }))
+}
+
+/// The mux's byte stream over the rings of `parts`, with the socket `s`
+/// kept for liveness only.
+pub(crate) fn ring_halves(
+    end: ring::End,
+    parts: RingParts,
+    s: UnixStream,
+    cfg: &ShmConfig,
+) -> std::io::Result<(ring::RingReader, ring::RingWriter)> {
+    let sock = OwnedFd::from(s.into_std()?);
+    let (region, events) = parts;
+    ring::halves(end, region, events, sock, cfg.spin)
 }
 
 struct Shared {
@@ -650,6 +717,7 @@ impl RecvStream for ShmRecv {
 
 #[cfg(test)]
 mod tests {
+    use super::segment::recv_with_fd;
     use super::*;
     use std::time::Duration;
 

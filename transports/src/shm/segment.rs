@@ -217,49 +217,64 @@ unsafe fn msghdr(iov: &mut libc::iovec, cbuf: &mut [u64], space: usize) -> libc:
 
 /// Sends `data` with `fd` attached (`SCM_RIGHTS`) on the socket `sock`.
 pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
+    send_with_fds(sock, data, &[fd])
+}
+
+/// Sends `data` with `fds` attached (`SCM_RIGHTS`, at most [`MAX_FDS`]) on
+/// the socket `sock`.
+pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    assert!(!fds.is_empty() && fds.len() <= MAX_FDS, "1..={MAX_FDS} descriptors per message");
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let bytes = std::mem::size_of_val(fds);
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
     // u64 elements: aligned for cmsghdr.
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: msghdr is plain data; every pointer set below outlives the
     // sendmsg call (iov, cbuf), and the control buffer is CMSG_SPACE bytes
-    // for one descriptor, as CMSG_FIRSTHDR/CMSG_DATA expect.
+    // for these descriptors, as CMSG_FIRSTHDR/CMSG_DATA expect.
     unsafe {
         let msg = msghdr(&mut iov, &mut cbuf, space);
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+        (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr() as *const u8, libc::CMSG_DATA(cmsg), bytes);
         cvt_size(libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL))
     }
 }
 
+/// Most descriptors one message may carry.
+pub(crate) const MAX_FDS: usize = 8;
+
 /// Receives into `buf`, returning its length and at most one descriptor
 /// (any others attached are closed). `flags` may hold `MSG_PEEK`.
 pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Option<OwnedFd>)> {
+    let (n, fds) = recv_with_fds(sock, buf, flags)?;
+    Ok((n, fds.into_iter().next()))
+}
+
+/// Receives into `buf`, returning its length and the descriptors attached
+/// (at most [`MAX_FDS`]; a message with more is an error, its descriptors
+/// closed). `flags` may hold `MSG_PEEK`.
+pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
-    // Room for a few descriptors, so extra ones can be closed rather than leaked.
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE((4 * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
-    // SAFETY: as in send_with_fd; the kernel fills at most msg_controllen
+    // SAFETY: as in send_with_fds; the kernel fills at most msg_controllen
     // bytes of cbuf, and we read only the headers it reports.
     unsafe {
         let mut msg = msghdr(&mut iov, &mut cbuf, space);
         let n = cvt_size(libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC))?;
-        let mut first = None;
+        let mut fds = Vec::new();
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg) as *const RawFd;
                 let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 for i in 0..count {
-                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
-                    if first.is_none() {
-                        first = Some(fd);
-                    }
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
                 }
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
@@ -267,7 +282,7 @@ pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> i
         if msg.msg_flags & libc::MSG_CTRUNC != 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "too many descriptors attached"));
         }
-        Ok((n, first))
+        Ok((n, fds))
     }
 }
 

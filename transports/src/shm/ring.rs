@@ -1,0 +1,930 @@
+//! Shared-memory rings that carry the mux's byte stream between two
+//! processes on one host, in place of the Unix socket: a small call costs
+//! two memory copies and, while traffic flows, no system call at all.
+//!
+//! ```text
+//!   memfd (client-made, size sealed, mapped by both):
+//!   [ ring 0: client → server ][ ring 1: server → client ]
+//!   each ring: head (producer) | tail (consumer) | consumer waiting | producer waiting, closed | data (2^k bytes)
+//! ```
+//!
+//! - **Sans-IO core.** [`Producer`] and [`Consumer`] hold the index
+//!   arithmetic and the checks; the async halves ([`RingReader`],
+//!   [`RingWriter`]) only decide when to wait. The fuzz entry drives the
+//!   same core with a hostile peer scribbling over the shared words.
+//! - **Untrusted indices.** Each side keeps its own position privately
+//!   and only reads the peer's: a peer position that claims more bytes
+//!   than the ring holds is a [`Corrupt`] error; every copy is masked into
+//!   the data area, so a hostile peer cannot make this side read or write
+//!   outside the mapping (it can only garble its own stream, which the
+//!   mux's frame decoder then rejects).
+//! - **Waking.** A side that finds nothing to do first spins (re-polls its
+//!   task, so other tasks still run) for [`ShmConfig::spin`] after the
+//!   connection's last activity, then sets its "waiting" word and sleeps
+//!   on an eventfd that the other side writes only when it sees that word
+//!   (a store, a full fence, a load on each side: no lost wake-ups). An
+//!   idle connection costs nothing; a busy one makes no system calls.
+//! - **Liveness.** The Unix socket stays open beside the rings and carries
+//!   nothing: its end of stream tells a reader that the peer closed or
+//!   died, and its hang-up tells a writer waiting for room that nobody
+//!   will make any.
+//!
+//! [`ShmConfig::spin`]: crate::config::ShmConfig
+
+use std::cell::Cell;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Producer position (bytes ever written), written by the producer only.
+const HEAD: usize = 0;
+/// Consumer position (bytes ever read), written by the consumer only.
+const TAIL: usize = 64;
+/// Non-zero while the consumer sleeps or is about to (cleared by the producer that wakes it).
+const CONSUMER_WAITING: usize = 128;
+/// Non-zero while the producer waits for room (cleared by the consumer that wakes it).
+const PRODUCER_WAITING: usize = 192;
+/// Non-zero once the producer has closed its direction.
+const CLOSED: usize = 196;
+/// Start of the data area, after the control words (one cache line each).
+const DATA: usize = 256;
+
+/// Smallest data area of one direction.
+pub(crate) const MIN_RING: usize = 4 << 10;
+/// Largest data area of one direction a peer may offer.
+pub(crate) const MAX_RING: usize = 16 << 20;
+
+/// The peer wrote ring positions that no correct peer writes.
+#[derive(Debug, thiserror::Error)]
+#[error("the peer corrupted the shared-memory ring: {0}")]
+pub struct Corrupt(&'static str);
+
+impl From<Corrupt> for io::Error {
+    fn from(c: Corrupt) -> Self {
+        io::Error::new(io::ErrorKind::InvalidData, c)
+    }
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+/// The shared mapping of both rings.
+pub struct Region {
+    ptr: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: the mapping lives as long as this value; everything shared in it
+// is accessed through atomics or copied with bounds masked to the mapping.
+unsafe impl Send for Region {}
+// SAFETY: see Send.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Bytes of a region whose rings hold `cap` data bytes each.
+    fn size(cap: usize) -> usize {
+        2 * (DATA + cap)
+    }
+
+    /// A new region (a sealed memfd) with `cap` data bytes per direction,
+    /// rounded to a power of two within [`MIN_RING`]..=[`MAX_RING`]; returns
+    /// it and the descriptor to pass to the peer.
+    pub fn create(cap: usize) -> io::Result<(Arc<Self>, OwnedFd)> {
+        let cap = cap.clamp(MIN_RING, MAX_RING).next_power_of_two();
+        let len = Self::size(cap);
+        // SAFETY: the name is a valid C string; flags are valid memfd flags.
+        let fd = cvt(unsafe {
+            libc::memfd_create(c"tensorwire-ring".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        })?;
+        // SAFETY: memfd_create returned a new descriptor that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate and fcntl on our own descriptor.
+        unsafe {
+            cvt(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
+            cvt(libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ))?;
+        }
+        let region = Self::map(&fd, len, cap)?;
+        Ok((Arc::new(region), fd))
+    }
+
+    /// Maps a region the peer made, after checking that its size is sealed
+    /// and describes two rings of an allowed power-of-two size.
+    pub fn map_peer(fd: &OwnedFd) -> Result<Arc<Self>, String> {
+        // SAFETY: fstat/fcntl on a descriptor we own; st is plain data.
+        let (size, seals) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) < 0 {
+                return Err(format!("fstat of the ring failed: {}", io::Error::last_os_error()));
+            }
+            (st.st_size as u64, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
+        };
+        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals < 0 || seals & need != need {
+            return Err("the ring's size is not sealed (it could shrink under the mapping)".into());
+        }
+        let cap = (size / 2).saturating_sub(DATA as u64);
+        let ok = size % 2 == 0
+            && cap.is_power_of_two()
+            && (MIN_RING as u64..=MAX_RING as u64).contains(&cap)
+            && size == Self::size(cap as usize) as u64;
+        if !ok {
+            return Err(format!(
+                "a ring region of {size} bytes is not two rings of a power of two between {MIN_RING} and {MAX_RING} bytes"
+            ));
+        }
+        Self::map(fd, size as usize, cap as usize).map(Arc::new).map_err(|e| format!("mmap of the ring failed: {e}"))
+    }
+
+    fn map(fd: &OwnedFd, len: usize, cap: usize) -> io::Result<Self> {
+        // SAFETY: mapping exactly the sealed size of the file, shared.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { ptr: ptr as *mut u8, len, cap })
+    }
+
+    /// Ring `i` (0: client → server, 1: server → client).
+    fn ring(self: &Arc<Self>, i: usize) -> Ring {
+        debug_assert!(i < 2);
+        Ring { region: self.clone(), base: i * (DATA + self.cap) }
+    }
+
+    /// The producer side of ring `i`.
+    pub fn producer(self: &Arc<Self>, i: usize) -> Producer {
+        let ring = self.ring(i);
+        let head = ring.word(HEAD).load(Ordering::Acquire);
+        Producer { ring, head: Cell::new(head) }
+    }
+
+    /// The consumer side of ring `i`.
+    pub fn consumer(self: &Arc<Self>, i: usize) -> Consumer {
+        let ring = self.ring(i);
+        let tail = ring.word(TAIL).load(Ordering::Acquire);
+        Consumer { ring, tail: Cell::new(tail) }
+    }
+
+    /// Overwrites a 64-bit control word of ring `i` as a hostile peer
+    /// could (`which`: 0 head, 1 tail, 2 the flags).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn scribble(self: &Arc<Self>, i: usize, which: u8, value: u64) {
+        let ring = self.ring(i);
+        let off = match which % 3 {
+            0 => HEAD,
+            1 => TAIL,
+            _ => PRODUCER_WAITING,
+        };
+        ring.word(off).store(value, Ordering::SeqCst);
+        ring.flag(CONSUMER_WAITING).store(value as u32, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len is the mapping made in map(), unmapped once.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// One direction of a region.
+struct Ring {
+    region: Arc<Region>,
+    base: usize,
+}
+
+impl Ring {
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: base + off is inside the mapping (control words precede
+        // DATA) and 8-aligned (the mapping is page-aligned; base is a
+        // multiple of 64); the mapping outlives &self.
+        unsafe { &*(self.region.ptr.add(self.base + off) as *const AtomicU64) }
+    }
+
+    fn flag(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in word(); 4-aligned.
+        unsafe { &*(self.region.ptr.add(self.base + off) as *const AtomicU32) }
+    }
+
+    fn cap(&self) -> usize {
+        self.region.cap
+    }
+
+    /// Pointer to data byte `off` (`off < cap`).
+    fn data(&self, off: usize) -> *mut u8 {
+        debug_assert!(off < self.cap());
+        // SAFETY: off < cap, so the byte is inside this ring's data area.
+        unsafe { self.region.ptr.add(self.base + DATA + off) }
+    }
+}
+
+/// The writing side of one ring (sans-IO): copies bytes in and publishes them.
+pub struct Producer {
+    ring: Ring,
+    /// Our position; the shared head is only ever written from it.
+    head: Cell<u64>,
+}
+
+impl Producer {
+    /// Free bytes in the ring, checking the consumer's position.
+    fn free(&self) -> Result<usize, Corrupt> {
+        let tail = self.ring.word(TAIL).load(Ordering::Acquire);
+        let used = self.head.get().wrapping_sub(tail);
+        if used > self.ring.cap() as u64 {
+            return Err(Corrupt("the consumer's position is ahead of what was written"));
+        }
+        Ok(self.ring.cap() - used as usize)
+    }
+
+    /// Copies as much of `bufs` as fits and publishes it; returns how many
+    /// bytes (0 when the ring is full).
+    pub fn write(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Corrupt> {
+        let mut free = self.free()?;
+        let cap = self.ring.cap();
+        let mut pos = self.head.get();
+        let start = pos;
+        for b in bufs {
+            if free == 0 {
+                break;
+            }
+            let k = b.len().min(free);
+            let off = (pos as usize) & (cap - 1);
+            let first = k.min(cap - off);
+            // SAFETY: both ranges lie inside the data area (off + first <= cap,
+            // k - first <= cap) and do not overlap the source slice, which is
+            // this process's memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(b.as_ptr(), self.ring.data(off), first);
+                if k > first {
+                    std::ptr::copy_nonoverlapping(b.as_ptr().add(first), self.ring.data(0), k - first);
+                }
+            }
+            pos += k as u64;
+            free -= k;
+        }
+        if pos != start {
+            self.head.set(pos);
+            self.ring.word(HEAD).store(pos, Ordering::Release);
+        }
+        Ok((pos - start) as usize)
+    }
+
+    /// After publishing: whether the consumer sleeps (or is about to) and
+    /// must be woken; clears its waiting word.
+    pub fn consumer_asleep(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let w = self.ring.flag(CONSUMER_WAITING);
+        w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Announces that this side waits for room. True: there is room
+    /// already (the announcement is withdrawn; write again).
+    pub fn arm(&self) -> Result<bool, Corrupt> {
+        let w = self.ring.flag(PRODUCER_WAITING);
+        w.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let room = self.free()? > 0;
+        if room {
+            w.store(0, Ordering::Relaxed);
+        }
+        Ok(room)
+    }
+
+    /// Marks this direction closed (after the last byte).
+    pub fn close(&self) {
+        self.ring.flag(CLOSED).store(1, Ordering::Release);
+    }
+}
+
+/// The reading side of one ring (sans-IO): copies published bytes out.
+pub struct Consumer {
+    ring: Ring,
+    /// Our position; the shared tail is only ever written from it.
+    tail: Cell<u64>,
+}
+
+impl Consumer {
+    /// Published bytes not yet read, checking the producer's position.
+    pub fn available(&self) -> Result<usize, Corrupt> {
+        let head = self.ring.word(HEAD).load(Ordering::Acquire);
+        let n = head.wrapping_sub(self.tail.get());
+        if n > self.ring.cap() as u64 {
+            return Err(Corrupt("the producer claims more bytes than the ring holds"));
+        }
+        Ok(n as usize)
+    }
+
+    /// Copies up to `dst.len()` published bytes into `dst` and frees their
+    /// room; returns how many (0: nothing published).
+    pub fn read(&self, dst: &mut [MaybeUninit<u8>]) -> Result<usize, Corrupt> {
+        let n = self.available()?.min(dst.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let cap = self.ring.cap();
+        let pos = self.tail.get();
+        let off = (pos as usize) & (cap - 1);
+        let first = n.min(cap - off);
+        // SAFETY: the sources lie inside the data area (off + first <= cap,
+        // n - first <= cap); dst holds at least n bytes and is this
+        // process's memory, so the ranges do not overlap.
+        unsafe {
+            let out = dst.as_mut_ptr() as *mut u8;
+            std::ptr::copy_nonoverlapping(self.ring.data(off), out, first);
+            if n > first {
+                std::ptr::copy_nonoverlapping(self.ring.data(0), out.add(first), n - first);
+            }
+        }
+        self.tail.set(pos + n as u64);
+        self.ring.word(TAIL).store(pos + n as u64, Ordering::Release);
+        Ok(n)
+    }
+
+    /// After freeing room: whether the producer waits for it and must be
+    /// woken; clears its waiting word.
+    pub fn producer_asleep(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let w = self.ring.flag(PRODUCER_WAITING);
+        w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Announces that this side is going to sleep. True: bytes (or the
+    /// close) arrived meanwhile (the announcement is withdrawn; read again).
+    pub fn arm(&self) -> Result<bool, Corrupt> {
+        let w = self.ring.flag(CONSUMER_WAITING);
+        w.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let ready = self.available()? > 0 || self.closed();
+        if ready {
+            w.store(0, Ordering::Relaxed);
+        }
+        Ok(ready)
+    }
+
+    /// Whether the producer has closed this direction.
+    pub fn closed(&self) -> bool {
+        self.ring.flag(CLOSED).load(Ordering::Acquire) != 0
+    }
+}
+
+/// When a side last moved bytes, shared by a connection's two halves: both
+/// spin (instead of sleeping) for `spin` after it.
+struct Activity {
+    epoch: Instant,
+    last_ns: AtomicU64,
+    spin: Duration,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn spinning(&self) -> bool {
+        // The other half may touch between the two reads: saturate.
+        !self.spin.is_zero()
+            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(self.last_ns.load(Ordering::Relaxed))
+                < self.spin.as_nanos() as u64
+    }
+}
+
+/// A new non-blocking eventfd.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a new descriptor or -1.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Wakes the side that sleeps on `fd` (an eventfd). Errors are ignored: a
+/// full counter already wakes it, and a descriptor that is not an eventfd
+/// was refused when the ring was set up.
+fn signal(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to our descriptor.
+    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Resets an eventfd's counter; `WouldBlock` when it was zero.
+fn consume(fd: &OwnedFd) -> io::Result<()> {
+    let mut v: u64 = 0;
+    // SAFETY: reading 8 bytes into a live u64 from our non-blocking descriptor.
+    let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Whether a descriptor the peer passed is an eventfd.
+fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
+        .unwrap_or(false)
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
+        cvt(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+    }
+    Ok(())
+}
+
+/// The eventfds of a connection's rings, in the order they are passed:
+/// client → server data and room, server → client data and room.
+pub(crate) const EVENTFDS: usize = 4;
+
+/// What a client makes to offer rings: the region, its descriptor and the
+/// eventfds (all passed to the server with the offer).
+pub(crate) struct RingOffer {
+    region: Arc<Region>,
+    /// The region's descriptor (closed once passed: both sides keep only the mapping).
+    pub(crate) memfd: OwnedFd,
+    /// See [`EVENTFDS`].
+    pub(crate) events: [OwnedFd; EVENTFDS],
+}
+
+impl RingOffer {
+    /// A new region of `cap` bytes per direction and its eventfds.
+    pub(crate) fn new(cap: usize) -> io::Result<Self> {
+        let (region, memfd) = Region::create(cap)?;
+        Ok(Self { region, memfd, events: [eventfd()?, eventfd()?, eventfd()?, eventfd()?] })
+    }
+}
+
+/// Which end of the rings a process holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Writes ring 0, reads ring 1.
+    Client,
+    /// Writes ring 1, reads ring 0.
+    Server,
+}
+
+/// The two halves of a ring connection, over `sock` (kept open for
+/// liveness only) with `spin` as [`ShmConfig::spin`](crate::config::ShmConfig).
+pub(crate) fn halves(
+    end: End,
+    region: Arc<Region>,
+    events: [OwnedFd; EVENTFDS],
+    sock: OwnedFd,
+    spin: Duration,
+) -> io::Result<(RingReader, RingWriter)> {
+    let [c2s_data, c2s_room, s2c_data, s2c_room] = events;
+    let (write_ring, read_ring, my_data, my_room, peer_data, peer_room) = match end {
+        End::Client => (0, 1, s2c_data, c2s_room, c2s_data, s2c_room),
+        End::Server => (1, 0, c2s_data, s2c_room, s2c_data, c2s_room),
+    };
+    let activity = Arc::new(Activity { epoch: Instant::now(), last_ns: AtomicU64::new(0), spin });
+    activity.touch();
+    let sock2 = sock.try_clone()?;
+    let register = |fd: OwnedFd| -> io::Result<AsyncFd<OwnedFd>> {
+        // SAFETY: an OwnedFd's descriptor stays open and the same until it
+        // is dropped, which only happens with the AsyncFd.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)
+    };
+    let reader = RingReader {
+        rx: region.consumer(read_ring),
+        activity: activity.clone(),
+        data: register(my_data)?,
+        wake_room: peer_room,
+        sock: register(sock)?,
+        peer_closed: false,
+        ended: false,
+    };
+    let writer = RingWriter {
+        tx: region.producer(write_ring),
+        activity,
+        room: register(my_room)?,
+        wake_data: peer_data,
+        sock: register(sock2)?,
+        gone: Cell::new(false),
+    };
+    Ok((reader, writer))
+}
+
+/// Server side: checks and maps what a client offered.
+pub(crate) fn accept(memfd: OwnedFd, events: [OwnedFd; EVENTFDS]) -> Result<(Arc<Region>, [OwnedFd; EVENTFDS]), String> {
+    let region = Region::map_peer(&memfd)?;
+    for e in &events {
+        if !is_eventfd(e) {
+            return Err("a ring wake-up descriptor is not an eventfd".into());
+        }
+        set_nonblocking(e.as_raw_fd()).map_err(|e| format!("fcntl: {e}"))?;
+    }
+    Ok((region, events))
+}
+
+/// Client side: the region and eventfds to build halves from, once offered.
+pub(crate) fn offered(offer: RingOffer) -> (Arc<Region>, [OwnedFd; EVENTFDS]) {
+    (offer.region, offer.events)
+}
+
+/// The reading half: the mux reader's byte stream.
+pub struct RingReader {
+    rx: Consumer,
+    activity: Arc<Activity>,
+    /// Written by the peer when it published bytes we sleep for.
+    data: AsyncFd<OwnedFd>,
+    /// Wakes the peer's writer when it waits for room.
+    wake_room: OwnedFd,
+    /// The connection's socket: its end of stream means the peer is gone.
+    sock: AsyncFd<OwnedFd>,
+    /// The peer closed its socket (or died): what the ring holds is all.
+    peer_closed: bool,
+    /// End of stream was returned.
+    ended: bool,
+}
+
+/// Peeks at the socket: Ok(true) when the peer closed it.
+fn peer_closed(fd: &OwnedFd) -> io::Result<bool> {
+    let mut b = [0u8; 1];
+    // SAFETY: recv with MSG_PEEK into a 1-byte buffer on our socket.
+    let n = unsafe {
+        libc::recv(fd.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    match n {
+        0 => Ok(true),
+        n if n > 0 => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer wrote to the socket of a shared-memory ring connection",
+        )),
+        _ => {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::ConnectionReset => Ok(true),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+impl AsyncRead for RingReader {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if this.ended || buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            // SAFETY: read() writes only initialized bytes into the first n
+            // and reports n; those are then marked initialized and filled.
+            let n = this.rx.read(unsafe { buf.unfilled_mut() })?;
+            if n > 0 {
+                // SAFETY: read() initialized the first n unfilled bytes.
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                this.activity.touch();
+                if this.rx.producer_asleep() {
+                    signal(&this.wake_room);
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.peer_closed || this.rx.closed() {
+                // The close comes after the last byte: read once more.
+                if this.rx.available()? == 0 {
+                    this.ended = true;
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            if this.activity.spinning() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if this.rx.arm()? {
+                continue;
+            }
+            match this.data.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    let _ = g.try_io(|fd| consume(fd.get_ref()));
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+            match this.sock.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    if let Ok(closed) = g.try_io(|fd| match peer_closed(fd.get_ref()) {
+                        Ok(false) => Err(io::ErrorKind::WouldBlock.into()),
+                        other => other,
+                    }) {
+                        this.peer_closed = closed?;
+                    }
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// The writing half: the mux writer's byte stream (and its direct path).
+pub struct RingWriter {
+    tx: Producer,
+    activity: Arc<Activity>,
+    /// Written by the peer when it freed room we wait for.
+    room: AsyncFd<OwnedFd>,
+    /// Wakes the peer's reader when it sleeps.
+    wake_data: OwnedFd,
+    /// The connection's socket (a second descriptor): its hang-up means
+    /// the peer is gone and will free no room.
+    sock: AsyncFd<OwnedFd>,
+    gone: Cell<bool>,
+}
+
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: poll on one valid pollfd with a zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+impl RingWriter {
+    /// Writes what fits now; `WouldBlock` when the ring is full.
+    fn write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.gone.get() {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer closed the shared-memory ring"));
+        }
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Ok(0);
+        }
+        let n = self.tx.write(bufs)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.activity.touch();
+        if self.tx.consumer_asleep() {
+            signal(&self.wake_data);
+        }
+        Ok(n)
+    }
+}
+
+impl AsyncWrite for RingWriter {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        loop {
+            match this.write_now(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            if this.activity.spinning() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if this.tx.arm()? {
+                continue;
+            }
+            match this.room.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    let _ = g.try_io(|fd| consume(fd.get_ref()));
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+            match this.sock.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    if hung_up(g.get_ref().get_ref()) {
+                        this.gone.set(true);
+                    } else {
+                        // Only readable (the peer closed its direction): wait for the next change.
+                        g.clear_ready();
+                    }
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tx.close();
+        if self.tx.consumer_asleep() {
+            signal(&self.wake_data);
+        }
+        // The peer's reader also learns it from the socket's end of stream.
+        // SAFETY: shutdown on our socket descriptor.
+        unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_WR) };
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl crate::mux::MuxWrite for RingWriter {
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.write_now(bufs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    fn read_all(c: &Consumer, n: usize) -> Vec<u8> {
+        let mut out = vec![MaybeUninit::new(0u8); n];
+        let got = c.read(&mut out).unwrap();
+        // SAFETY: MaybeUninit<u8> initialized above; same layout as u8.
+        out[..got].iter().map(|b| unsafe { b.assume_init() }).collect()
+    }
+
+    #[test]
+    fn bytes_cross_in_order_across_the_wrap() {
+        let (region, _fd) = Region::create(MIN_RING).unwrap();
+        let (p, c) = (region.producer(0), region.consumer(0));
+        let data = pattern(5 * MIN_RING + 123, 7);
+        let (mut sent, mut got) = (0, Vec::new());
+        let mut step = 1usize;
+        while got.len() < data.len() {
+            // Uneven write and read sizes, split across two slices, so copies wrap.
+            let end = (sent + step * 97).min(data.len());
+            let mid = sent + (end - sent) / 3;
+            sent += p.write(&[IoSlice::new(&data[sent..mid]), IoSlice::new(&data[mid..end])]).unwrap();
+            got.extend(read_all(&c, step * 61));
+            step = step % 50 + 1;
+        }
+        assert_eq!(got, data);
+        // A full ring takes nothing more until the consumer reads.
+        assert_eq!(p.write(&[IoSlice::new(&vec![1; 2 * MIN_RING])]).unwrap(), MIN_RING);
+        assert_eq!(p.write(&[IoSlice::new(&[1])]).unwrap(), 0);
+        assert_eq!(read_all(&c, 10).len(), 10);
+        assert_eq!(p.write(&[IoSlice::new(&[1; 20])]).unwrap(), 10);
+    }
+
+    #[test]
+    fn a_sleeping_side_is_woken_exactly_when_it_announced_it() {
+        let (region, _fd) = Region::create(MIN_RING).unwrap();
+        let (p, c) = (region.producer(1), region.consumer(1));
+        assert!(!p.consumer_asleep(), "nobody waits yet");
+        assert!(!c.arm().unwrap(), "nothing to read: the consumer may sleep");
+        p.write(&[IoSlice::new(b"hello")]).unwrap();
+        assert!(p.consumer_asleep(), "the consumer announced its sleep");
+        assert!(!p.consumer_asleep(), "one wake-up per announcement");
+        assert!(c.arm().unwrap(), "bytes arrived: arming withdraws");
+        assert_eq!(read_all(&c, 64), b"hello");
+        // Room: the producer fills the ring, arms, and is woken by a read.
+        p.write(&[IoSlice::new(&vec![0; MIN_RING])]).unwrap();
+        assert!(!p.arm().unwrap());
+        assert_eq!(read_all(&c, 1).len(), 1);
+        assert!(c.producer_asleep());
+        assert!(!c.producer_asleep());
+        assert!(!c.closed());
+        p.close();
+        assert!(c.closed());
+    }
+
+    #[test]
+    fn positions_a_hostile_peer_writes_are_errors_not_wild_copies() {
+        for (which, value) in [(0u8, (MIN_RING + 1) as u64), (0, u64::MAX), (1, 5), (1, u64::MAX - 2 * MIN_RING as u64)] {
+            let (region, _fd) = Region::create(MIN_RING).unwrap();
+            let (p, c) = (region.producer(0), region.consumer(0));
+            region.scribble(0, which, value);
+            if which == 0 {
+                let mut out = vec![MaybeUninit::new(0u8); 16];
+                assert!(c.read(&mut out).is_err(), "head {value} must be refused");
+            } else {
+                assert!(p.write(&[IoSlice::new(b"x")]).is_err(), "tail {value} must be refused");
+            }
+        }
+        // A head within the ring is believed: the bytes are garbage, not out of bounds.
+        let (region, _fd) = Region::create(MIN_RING).unwrap();
+        region.scribble(1, 0, MIN_RING as u64);
+        assert_eq!(read_all(&region.consumer(1), 2 * MIN_RING).len(), MIN_RING);
+    }
+
+    #[test]
+    fn regions_of_the_wrong_shape_or_unsealed_are_refused() {
+        let (_, good) = Region::create(MIN_RING).unwrap();
+        assert!(Region::map_peer(&good).is_ok());
+        let memfd = |len: usize, seal: bool| {
+            // SAFETY: as in Region::create.
+            let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+            // SAFETY: a new descriptor that we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: on our own descriptor.
+            unsafe {
+                libc::ftruncate(fd.as_raw_fd(), len as libc::off_t);
+                if seal {
+                    libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW);
+                }
+            }
+            fd
+        };
+        let unsealed = Region::map_peer(&memfd(Region::size(MIN_RING), false)).err().unwrap();
+        assert!(unsealed.contains("not sealed"), "{unsealed}");
+        for len in [0, 100, Region::size(MIN_RING) + 2, Region::size(3 * MIN_RING), Region::size(2 * MAX_RING)] {
+            let e = Region::map_peer(&memfd(len, true)).err().unwrap();
+            assert!(e.contains("power of two"), "{len}: {e}");
+        }
+    }
+
+    /// Both ends of a ring connection in this process, over a socket pair.
+    fn pair(cap: usize, spin: Duration) -> ((RingReader, RingWriter), (RingReader, RingWriter)) {
+        let offer = RingOffer::new(cap).unwrap();
+        let (server_region, server_events) = {
+            let dup = |e: &OwnedFd| e.try_clone().unwrap();
+            let events = [dup(&offer.events[0]), dup(&offer.events[1]), dup(&offer.events[2]), dup(&offer.events[3])];
+            accept(offer.memfd.try_clone().unwrap(), events).unwrap()
+        };
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        let (region, events) = offered(offer);
+        let client = halves(End::Client, region, events, OwnedFd::from(a), spin).unwrap();
+        let server = halves(End::Server, server_region, server_events, OwnedFd::from(b), spin).unwrap();
+        (client, server)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_cross_both_ways_sleeping_and_spinning() {
+        for spin in [Duration::ZERO, Duration::from_micros(50)] {
+            let ((mut crd, mut cwr), (mut srd, mut swr)) = pair(MIN_RING, spin);
+            let data = pattern(3 << 20, 3);
+            let up = data.clone();
+            // Client → server echo → client, through 4 KiB rings: every side
+            // waits for room and for bytes many times.
+            let writer = tokio::spawn(async move {
+                cwr.write_all(&up).await.unwrap();
+                cwr.shutdown().await.unwrap();
+                cwr
+            });
+            let echo = tokio::spawn(async move {
+                let mut buf = vec![0u8; 7000];
+                loop {
+                    let n = srd.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    swr.write_all(&buf[..n]).await.unwrap();
+                }
+                swr.shutdown().await.unwrap();
+                (srd, swr)
+            });
+            let mut back = Vec::new();
+            crd.read_to_end(&mut back).await.unwrap();
+            assert!(back == data, "spin {spin:?}: {} bytes back of {}", back.len(), data.len());
+            writer.await.unwrap();
+            echo.await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_goes_away_ends_reads_and_fails_writes() {
+        let ((mut crd, mut cwr), server) = pair(MIN_RING, Duration::ZERO);
+        // Bytes published before the peer went are still read, then the end.
+        let (srd, swr) = server;
+        swr.write_now(&[IoSlice::new(b"last words")]).unwrap();
+        drop((srd, swr));
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), crd.read_to_end(&mut got)).await;
+        assert_eq!(read.expect("no hang").unwrap(), 10);
+        assert_eq!(got, b"last words");
+        // A writer waiting for room learns that nobody will make any.
+        let full = vec![0u8; 4 * MIN_RING];
+        let w = tokio::time::timeout(Duration::from_secs(10), cwr.write_all(&full)).await.expect("no hang");
+        assert_eq!(w.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    }
+}
