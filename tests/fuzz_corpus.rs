@@ -18,6 +18,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("compat_chunks", tensorwire::fuzzing::compat_chunks),
     ("jsonrpc", tensorwire::fuzzing::jsonrpc),
     ("shm_side_channel", tensorwire::fuzzing::shm_side_channel),
+    ("shm_ring", tensorwire::fuzzing::shm_ring),
     ("handshake", tensorwire::fuzzing::handshake),
     ("grpc_messages", tensorwire::fuzzing::grpc_messages),
 ];
@@ -219,6 +220,23 @@ fn write_seed_corpus() {
     let mut pipe = Vec::new();
     new_segment(&mut pipe, 4, 3, 1); // a pipe, not a memfd
     put("shm_side_channel", "pipe_descriptor", &pipe);
+
+    // shm_ring: records of tag + fields (see transports/src/shm/fuzz.rs, `ring`).
+    let op = |tag: u8, n: u16| [vec![tag], n.to_le_bytes().to_vec()].concat();
+    let mut ring = [op(0, 3000), op(1, 1000), op(0, 4000), op(1, 9000), op(0, 12000), op(1, 12000)].concat();
+    ring.extend_from_slice(&[3, 5, 0]);
+    ring.extend_from_slice(&100u16.to_le_bytes());
+    ring.extend_from_slice(&[5, 4, 1]);
+    ring.extend_from_slice(&100u16.to_le_bytes());
+    put("shm_ring", "writes_reads_across_the_wrap_and_wakeups", &ring);
+    let mut hostile = op(0, 100);
+    hostile.extend_from_slice(&[2, 0]);
+    hostile.extend_from_slice(&u64::MAX.to_le_bytes());
+    hostile.extend(op(1, 100));
+    hostile.extend_from_slice(&[2, 2]);
+    hostile.extend_from_slice(&5000u64.to_le_bytes());
+    hostile.extend(op(0, 100));
+    put("shm_ring", "a_peer_scribbles_head_and_tail", &hostile);
 
     // grpc_messages: DATA frame size byte, then gRPC messages of Frame.
     let mut grpc = vec![6u8];

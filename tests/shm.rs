@@ -239,3 +239,173 @@ async fn tcp_on_the_same_host_upgrades_to_shared_memory_unless_refused() {
     assert!(upgraded.health().await.unwrap());
     assert_eq!(upgraded.transport(), Some("unix+shm"));
 }
+
+/// Raw descriptors for a hand-made shared-memory offer.
+mod offer {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    /// Bytes of one ring's data area, and of its control words before it.
+    pub const CAP: usize = 4096;
+    const CONTROL: usize = 256;
+
+    fn owned(fd: RawFd) -> OwnedFd {
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor this test owns.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    pub fn eventfd() -> OwnedFd {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+    }
+
+    pub fn pipe() -> OwnedFd {
+        let mut fds = [0; 2];
+        // SAFETY: fds holds two ints for pipe to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        drop(owned(fds[1]));
+        owned(fds[0])
+    }
+
+    /// A ring region as the client makes it (sealed unless `seal` is false).
+    pub fn region(seal: bool) -> OwnedFd {
+        // SAFETY: valid name and flags.
+        let fd = owned(unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) });
+        // SAFETY: on our own descriptor.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), (2 * (CONTROL + CAP)) as libc::off_t), 0);
+            if seal {
+                assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
+            }
+        }
+        fd
+    }
+
+    /// Writes ring 0's head (the client's producer position) as a hostile client.
+    pub fn write_head(region: &OwnedFd, head: u64) {
+        // SAFETY: pwrite of 8 bytes at offset 0 of our memfd.
+        let n = unsafe { libc::pwrite(region.as_raw_fd(), &head as *const u64 as *const libc::c_void, 8, 0) };
+        assert_eq!(n, 8);
+    }
+
+    pub fn signal(fd: &OwnedFd) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes to our eventfd.
+        assert_eq!(unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) }, 8);
+    }
+
+    /// Connects to `path` and sends `magic` with `fds` attached, as the offer does.
+    pub fn send(path: &std::path::Path, magic: [u8; 8], fds: &[RawFd]) -> UnixStream {
+        let s = UnixStream::connect(path).unwrap();
+        let mut iov = libc::iovec { iov_base: magic.as_ptr() as *mut libc::c_void, iov_len: 8 };
+        let bytes = std::mem::size_of_val(fds);
+        // SAFETY: CMSG_SPACE is a size computation; the message header points
+        // at live buffers for the duration of sendmsg.
+        unsafe {
+            let space = libc::CMSG_SPACE(bytes as u32) as usize;
+            let mut cbuf = vec![0u64; space.div_ceil(8)];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr() as *const u8, libc::CMSG_DATA(cmsg), bytes);
+            assert_eq!(libc::sendmsg(s.as_raw_fd(), &msg, 0), 8);
+        }
+        s
+    }
+
+    /// True when the server closes `s` within 10 s (it gives up on this client).
+    pub fn closed_by_server(mut s: UnixStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 4096];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// The hostile offers of the test below: what case `i` sends (None: no more cases).
+fn lying_offer(i: usize, path: &std::path::Path) -> Option<(&'static str, std::os::unix::net::UnixStream)> {
+    use std::os::fd::AsRawFd;
+    let magic = |flag: u8| {
+        let mut m = *b"TWSHM\x01\0\0";
+        m[6] = flag;
+        m
+    };
+    let side = std::os::unix::net::UnixStream::pair().unwrap().0;
+    let events = [offer::eventfd(), offer::eventfd(), offer::eventfd(), offer::eventfd()];
+    let all = |region: &std::os::fd::OwnedFd, e: &[std::os::fd::OwnedFd; 4]| {
+        [side.as_raw_fd(), region.as_raw_fd(), e[0].as_raw_fd(), e[1].as_raw_fd(), e[2].as_raw_fd(), e[3].as_raw_fd()]
+    };
+    Some(match i {
+        0 => ("rings announced without their descriptors", offer::send(path, magic(1), &[side.as_raw_fd()])),
+        1 => ("an unsealed region", offer::send(path, magic(1), &all(&offer::region(false), &events))),
+        2 => {
+            let pipes = [offer::pipe(), offer::pipe(), offer::pipe(), offer::pipe()];
+            ("pipes for eventfds", offer::send(path, magic(1), &all(&offer::region(true), &pipes)))
+        }
+        3 => ("an unknown offer flag", offer::send(path, magic(2), &[side.as_raw_fd()])),
+        4 => {
+            let region = offer::region(true);
+            let sock = offer::send(path, magic(1), &all(&region, &events));
+            // The server now reads ring 0: claim more bytes than it holds, and wake it.
+            offer::write_head(&region, (offer::CAP as u64) * 3);
+            offer::signal(&events[0]);
+            ("a producer position beyond the ring", sock)
+        }
+        _ => return None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_offers_that_lie_are_refused_and_the_server_keeps_serving() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "unix").await;
+    let url = server.url();
+    let path = std::path::PathBuf::from(url.strip_prefix("unix://").unwrap());
+    for i in 0.. {
+        let p = path.clone();
+        let Some((what, closed)) =
+            tokio::task::spawn_blocking(move || lying_offer(i, &p).map(|(w, s)| (w, offer::closed_by_server(s))))
+                .await
+                .unwrap()
+        else {
+            break;
+        };
+        assert!(closed, "{what}: the server must drop this client");
+        // The server keeps serving everyone else, over rings.
+        let c = Client::connect(&url).await.unwrap();
+        let t = random_tensor(DType::Float32, &[1000], 3).unwrap();
+        assert_same(&t, &c.compute("identity", vec![t.clone()]).await.unwrap()[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_go_through_the_socket_when_rings_are_refused() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "shm").await;
+    let mut rings_off = tensorwire::ClientConfig::default();
+    rings_off.transport.shm.ring_bytes = 0;
+    let by_url = Client::connect(&format!("{}?ring=0", server.url())).await.unwrap();
+    let by_config = Client::connect_with(&server.url(), rings_off).await.unwrap();
+    let with_rings = Client::connect(&server.url()).await.unwrap();
+    for (i, c) in [by_url, by_config, with_rings].iter().enumerate() {
+        // Small tensors (frames) and a large one (a segment, or the socket until one is warm).
+        for n in [3usize, 100 << 10, 8 << 20] {
+            let t = random_tensor(DType::UInt8, &[n], i as u64).unwrap().with_name(format!("r{i}-{n}"));
+            c.send(vec![t.clone()]).await.unwrap();
+            assert_same(&t, &c.fetch_one(&format!("r{i}-{n}")).await.unwrap());
+        }
+    }
+}

@@ -257,6 +257,12 @@ pub fn shm_side_channel(data: &[u8]) {
     tensorwire_transports::shm::fuzz::side_channel(data);
 }
 
+/// A shared-memory ring between two processes, with a peer that
+/// scribbles over its control words: see `tensorwire_transports::shm::fuzz::ring`.
+pub fn shm_ring(data: &[u8]) {
+    tensorwire_transports::shm::fuzz::ring(data);
+}
+
 /// The connection handshake as a peer shapes it: the first byte picks the
 /// side; then the mux preface (16 bytes) and a frame header carrying the
 /// Hello (checked as the server checks it) or the Welcome (as the client

@@ -31,7 +31,8 @@ const DEFAULT_TRANSPORTS: &str = if cfg!(all(feature = "quic", feature = "grpc",
 /// Options of `tensorwire bench`.
 #[derive(ClapArgs, Debug)]
 pub struct BenchArgs {
-    /// Transports to measure.
+    /// Transports to measure; one may carry client URL options after `?`
+    /// (`shm?ring=0`: shared memory with frames through the socket).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_TRANSPORTS)]
     transports: Vec<String>,
     /// Tensor sizes for throughput (K, M, G suffixes).
@@ -339,13 +340,13 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 if a.json {
                     println!(
                         "{}",
-                        serde_json::json!({"transport": scheme, "direction": dir, "size": size, "gib_per_s": g,
+                        serde_json::json!({"transport": label, "direction": dir, "size": size, "gib_per_s": g,
                             "ceiling_gib_per_s": b, "ceiling": ceiling_name(raw), "ratio": g / b, "fresh_buffer_gib_per_s": f})
                     );
                 } else {
                     println!(
                         "{:<9} {:<5} {:>8} {:>10.2} {:>10.2} {:>7.2} {:>10.2}",
-                        scheme,
+                        label,
                         dir,
                         human(size),
                         g,
@@ -366,7 +367,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 );
             }
             if raw == RawSocket::Memcpy && size >= 1 << 20 {
-                perftest_row(&a, &rt, scheme, size, &sent, &fetched);
+                perftest_row(&a, &rt, label, size, &sent, &fetched);
             }
         }
         let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);

@@ -116,3 +116,80 @@ pub fn side_channel(data: &[u8]) {
         assert!(peers.len() <= super::segment::MAX_SEGMENTS);
     }
 }
+
+/// Runs one input against a shared-memory ring (the sans-IO core the
+/// async halves call, [`super::ring::Producer`] and
+/// [`super::ring::Consumer`], on a real memfd region of the smallest size):
+/// a sequence of records, each a tag byte and its fields.
+/// - tag % 6 == 0: write `n` bytes (2-byte `n`), split in two slices;
+/// - 1: read up to `n` bytes (2-byte `n`);
+/// - 2: the peer scribbles a control word: ring (1 bit of the next byte),
+///   which word, and an 8-byte value;
+/// - 3 / 4: the consumer / producer arms for sleep;
+/// - 5: both check whether the other side must be woken.
+///
+/// Until the first scribble, every byte read must be the next byte
+/// written; after one, calls may fail (as `Corrupt`) but never panic or
+/// touch memory outside the region.
+pub fn ring(data: &[u8]) {
+    use super::ring::{MIN_RING, Region};
+    use std::collections::VecDeque;
+    use std::io::IoSlice;
+    use std::mem::MaybeUninit;
+
+    let Ok((region, _fd)) = Region::create(MIN_RING) else { return };
+    let (p, c) = (region.producer(0), region.consumer(0));
+    let mut model: VecDeque<u8> = VecDeque::new();
+    let mut honest = true;
+    let mut next = 0u8;
+    let mut out = vec![MaybeUninit::new(0u8); 3 * MIN_RING];
+    let mut d = data;
+    for _ in 0..4 * MAX_RECORDS {
+        let Some((&tag, rest)) = d.split_first() else { break };
+        d = rest;
+        match tag % 6 {
+            0 | 1 => {
+                let [a, b, rest @ ..] = d else { return };
+                d = rest;
+                let n = usize::from(u16::from_le_bytes([*a, *b])) % (3 * MIN_RING);
+                if tag % 6 == 0 {
+                    let bytes: Vec<u8> = (0..n).map(|i| next.wrapping_add(i as u8)).collect();
+                    let (x, y) = bytes.split_at(n / 3);
+                    match p.write(&[IoSlice::new(x), IoSlice::new(y)]) {
+                        Ok(k) => {
+                            assert!(k <= n && (!honest || model.len() + k <= MIN_RING));
+                            model.extend(&bytes[..k]);
+                            next = next.wrapping_add(k as u8);
+                        }
+                        Err(_) => assert!(!honest, "an honest ring never fails"),
+                    }
+                } else {
+                    match c.read(&mut out[..n]) {
+                        Ok(k) if honest => {
+                            assert!(k <= n);
+                            for b in &out[..k] {
+                                // SAFETY: read() initialized the first k bytes.
+                                assert_eq!(Some(unsafe { b.assume_init() }), model.pop_front(), "bytes in order");
+                            }
+                        }
+                        Ok(k) => assert!(k <= n),
+                        Err(_) => assert!(!honest, "an honest ring never fails"),
+                    }
+                }
+            }
+            2 => {
+                let [sel, v @ .., ] = d else { return };
+                let Some(v) = v.get(..8) else { return };
+                let value = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+                region.scribble(usize::from(sel & 1), sel >> 1, value);
+                d = &d[9..];
+                honest = false;
+            }
+            3 => drop(c.arm()),
+            4 => drop(p.arm()),
+            _ => {
+                let _ = (p.consumer_asleep(), c.producer_asleep());
+            }
+        }
+    }
+}

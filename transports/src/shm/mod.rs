@@ -154,6 +154,14 @@ pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer
             }
             Ok(n) if n == MAGIC.len() => match is_offer(&buf) {
                 Some(ring) => break ring,
+                // An offer of another version or with other options: say so
+                // now rather than let the mux wait for a preface.
+                None if buf[..5] == MAGIC[..5] => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("unknown shared-memory offer {:?} (a client of another version?)", &buf[5..]),
+                    ));
+                }
                 None => return Ok(None),
             },
             Ok(_) => return Ok(None),

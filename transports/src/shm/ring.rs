@@ -389,24 +389,52 @@ impl Consumer {
     }
 }
 
-/// When a side last moved bytes, shared by a connection's two halves: both
-/// spin (instead of sleeping) for `spin` after it.
+/// Bytes moved by a connection's halves, so either can tell whether the
+/// connection is busy: each half counts its own moves (no clock on the
+/// data path) and spins, instead of sleeping, for `spin` after the last
+/// move it saw.
 struct Activity {
-    epoch: Instant,
-    last_ns: AtomicU64,
+    reads: AtomicU64,
+    writes: AtomicU64,
     spin: Duration,
 }
 
 impl Activity {
-    fn touch(&self) {
-        self.last_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    /// Counts a move on a half's own counter (only that half writes it:
+    /// a plain store, no locked instruction).
+    fn bump(&self, counter: &AtomicU64) {
+        counter.store(counter.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
-    fn spinning(&self) -> bool {
-        // The other half may touch between the two reads: saturate.
-        !self.spin.is_zero()
-            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(self.last_ns.load(Ordering::Relaxed))
-                < self.spin.as_nanos() as u64
+    fn moves(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed).wrapping_add(self.writes.load(Ordering::Relaxed))
+    }
+}
+
+/// One half's view of [`Activity`]: the moves it last saw and when.
+struct Spin {
+    seen: u64,
+    since: Instant,
+}
+
+impl Spin {
+    fn new() -> Self {
+        Self { seen: 0, since: Instant::now() }
+    }
+
+    /// Whether to poll again rather than sleep: the connection moved bytes
+    /// within the last `spin`.
+    fn spinning(&mut self, a: &Activity) -> bool {
+        if a.spin.is_zero() {
+            return false;
+        }
+        let now = Instant::now();
+        let moves = a.moves();
+        if moves != self.seen {
+            self.seen = moves;
+            self.since = now;
+        }
+        now.duration_since(self.since) < a.spin
     }
 }
 
@@ -496,8 +524,7 @@ pub(crate) fn halves(
         End::Client => (0, 1, s2c_data, c2s_room, c2s_data, s2c_room),
         End::Server => (1, 0, c2s_data, s2c_room, s2c_data, c2s_room),
     };
-    let activity = Arc::new(Activity { epoch: Instant::now(), last_ns: AtomicU64::new(0), spin });
-    activity.touch();
+    let activity = Arc::new(Activity { reads: AtomicU64::new(0), writes: AtomicU64::new(0), spin });
     let sock2 = sock.try_clone()?;
     let register = |fd: OwnedFd| -> io::Result<AsyncFd<OwnedFd>> {
         // SAFETY: an OwnedFd's descriptor stays open and the same until it
@@ -507,6 +534,7 @@ pub(crate) fn halves(
     let reader = RingReader {
         rx: region.consumer(read_ring),
         activity: activity.clone(),
+        spin: Spin::new(),
         data: register(my_data)?,
         wake_room: peer_room,
         sock: register(sock)?,
@@ -516,6 +544,7 @@ pub(crate) fn halves(
     let writer = RingWriter {
         tx: region.producer(write_ring),
         activity,
+        spin: Spin::new(),
         room: register(my_room)?,
         wake_data: peer_data,
         sock: register(sock2)?,
@@ -545,6 +574,7 @@ pub(crate) fn offered(offer: RingOffer) -> (Arc<Region>, [OwnedFd; EVENTFDS]) {
 pub struct RingReader {
     rx: Consumer,
     activity: Arc<Activity>,
+    spin: Spin,
     /// Written by the peer when it published bytes we sleep for.
     data: AsyncFd<OwnedFd>,
     /// Wakes the peer's writer when it waits for room.
@@ -594,7 +624,7 @@ impl AsyncRead for RingReader {
                 // SAFETY: read() initialized the first n unfilled bytes.
                 unsafe { buf.assume_init(n) };
                 buf.advance(n);
-                this.activity.touch();
+                this.activity.bump(&this.activity.reads);
                 if this.rx.producer_asleep() {
                     signal(&this.wake_room);
                 }
@@ -608,7 +638,7 @@ impl AsyncRead for RingReader {
                 }
                 continue;
             }
-            if this.activity.spinning() {
+            if this.spin.spinning(&this.activity) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -644,6 +674,7 @@ impl AsyncRead for RingReader {
 pub struct RingWriter {
     tx: Producer,
     activity: Arc<Activity>,
+    spin: Spin,
     /// Written by the peer when it freed room we wait for.
     room: AsyncFd<OwnedFd>,
     /// Wakes the peer's reader when it sleeps.
@@ -674,7 +705,7 @@ impl RingWriter {
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        self.activity.touch();
+        self.activity.bump(&self.activity.writes);
         if self.tx.consumer_asleep() {
             signal(&self.wake_data);
         }
@@ -698,7 +729,7 @@ impl AsyncWrite for RingWriter {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return Poll::Ready(r),
             }
-            if this.activity.spinning() {
+            if this.spin.spinning(&this.activity) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
