@@ -87,7 +87,8 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
         let offer = crate::shm::offer(&s, ring_bytes).await.map_err(io)?;
         let c: Arc<dyn Connection> = match offer.ring {
             Some(parts) => {
-                let (rd, wr) = crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, &config.shm).map_err(io)?;
+                let (rd, wr) =
+                    crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, &config.shm).map_err(io)?;
                 mux::establish(rd, wr, Role::Client, info, config).await
             }
             None => {
@@ -195,10 +196,12 @@ impl RawAccept for UnixAccept {
                     None => (None, None),
                 };
                 let established = match ring {
-                    Some(parts) => match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, &config.shm) {
-                        Ok((rd, wr)) => mux::establish(rd, wr, Role::Server, info, &config).await,
-                        Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
-                    },
+                    Some(parts) => {
+                        match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, &config.shm) {
+                            Ok((rd, wr)) => mux::establish(rd, wr, Role::Server, info, &config).await,
+                            Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
+                        }
+                    }
                     None => {
                         let (rd, wr) = s.into_split();
                         mux::establish(rd, wr, Role::Server, info, &config).await

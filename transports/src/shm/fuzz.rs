@@ -178,7 +178,7 @@ pub fn ring(data: &[u8]) {
                 }
             }
             2 => {
-                let [sel, v @ .., ] = d else { return };
+                let [sel, v @ ..] = d else { return };
                 let Some(v) = v.get(..8) else { return };
                 let value = u64::from_le_bytes(v.try_into().expect("8 bytes"));
                 region.scribble(usize::from(sel & 1), sel >> 1, value);

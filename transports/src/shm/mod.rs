@@ -1,17 +1,27 @@
-//! `shm://name`, and `unix://` upgraded to shared memory: the mux over a
-//! Unix socket carries headers and small payloads; a tensor of at least
+//! `shm://name`, and `unix://` upgraded to shared memory: the mux runs over
+//! two shared-memory rings (one per direction) instead of the Unix socket,
+//! and a tensor of at least
 //! [`ShmConfig::min_tensor_bytes`](crate::config::ShmConfig) travels in a
-//! memfd segment instead.
+//! memfd segment instead of the rings.
 //!
 //! ```text
 //!   client                                   server
-//!   connect(unix socket) ── "TWSHM\x01" + SCM_RIGHTS(side channel end) ─►
-//!   mux preface ◄────────────────────────────────────────────► mux preface
+//!   connect(unix socket) ── "TWSHM\x01\x01" + SCM_RIGHTS(side channel end,
+//!                           ring region memfd, 4 eventfds) ─────────────►  checks, maps the rings
+//!   mux preface ◄══════════════ rings ══════════════════════════► mux preface
+//!   headers, small tensors ◄══ rings (spin, then sleep on an eventfd) ══►
 //!   tensor ≥ 256 KiB: copy into a pooled segment (warmed ones: side channel NEW id + fd first)
-//!                     one chunk frame {shm_segment: id, raw_len} ────► view of the mapping
+//!                     one chunk frame {shm_segment: id, raw_len} ══► view of the mapping
 //!                     ◄────────────── side channel TAKEN id, later RELEASED id
+//!   the socket carries nothing more: its end of stream says the peer is gone
 //! ```
 //!
+//! - **Rings.** See the `ring` module: a small call is two memory copies and,
+//!   while traffic flows, no system call; a side with nothing to do spins
+//!   for [`ShmConfig::spin`](crate::config::ShmConfig) after the last bytes
+//!   moved, then sleeps until the other side writes its eventfd. With
+//!   `ring_bytes = 0` or `?ring=0` the mux runs over the socket as before
+//!   (the offer's seventh byte says which).
 //! - **One copy.** The sender copies the tensor into a segment chunk by
 //!   chunk as the pipeline hands it over; the receiver's tensor bytes *are*
 //!   its read-only mapping of the segment. No socket carries the payload.
@@ -19,32 +29,36 @@
 //!   has dropped every view of it (RELEASED), so steady traffic pays no page
 //!   faults; the pool holds at most `max_in_flight` bytes.
 //! - **Warm segments only.** A new segment is faulted in page by page (~1
-//!   GiB/s on the VMs this was measured on), slower than the socket into
-//!   the receiver's warm receive pool (4–6 GiB/s). So a tensor no pooled
-//!   segment fits goes through the socket; from the second such tensor of a
-//!   size on, a segment of that size is made on a low-priority thread for
-//!   the next one. A one-shot sender from a new process never waits for
-//!   page faults (nor competes with a warming thread); steady traffic moves
-//!   to shared memory from its third tensor on. Tensors too large to pool
-//!   (over `max_in_flight`) still get a segment of their own.
+//!   GiB/s on the VMs this was measured on), slower than the rings (or the
+//!   socket) into the receiver's warm receive pool (4–10 GiB/s). So a
+//!   tensor no pooled segment fits goes through the rings; from the second
+//!   such tensor of a size on, a segment of that size is made on a
+//!   low-priority thread for the next one. A one-shot sender from a new
+//!   process never waits for page faults (nor competes with a warming
+//!   thread); steady traffic moves to segments from its third tensor on.
+//!   Tensors too large to pool (over `max_in_flight`) still get a segment
+//!   of their own.
 //! - **Backpressure.** Segments sent and not yet viewed (TAKEN) by the
 //!   receiver hold at most `max_in_flight` bytes of budget.
-//! - **Cleanup.** Segments are anonymous memfds: nothing is ever created in
-//!   `/dev/shm`, and the kernel frees a segment with its last descriptor or
-//!   mapping, also when a peer crashes.
+//! - **Cleanup.** Segments and ring regions are anonymous memfds: nothing is
+//!   ever created in `/dev/shm`, and the kernel frees them with their last
+//!   descriptor or mapping, also when a peer crashes.
 //! - **Safety.** See the `segment` module: size-sealed segments, sizes checked
 //!   against `fstat` and the receiver's limit before mapping, a frame can
 //!   only name a segment passed on its own connection and bytes inside it,
-//!   and a bounded number of segments per connection.
+//!   and a bounded number of segments per connection. A ring region must be
+//!   size-sealed and of an allowed shape, its wake-up descriptors eventfds;
+//!   ring positions are checked on every read and write.
 //!
 //! `shm://name` listens on the abstract Unix socket `@tensorwire-shm-name`
 //! (no file; Linux only). The server side of `unix://` accepts clients that
-//! offer shared memory and clients that do not.
+//! offer shared memory (with or without rings) and clients that do not.
 //!
 //! Files: this file holds the transport (connect, listen, the connection
 //! and its streams over the mux); `segment` holds the memfd segments, their
-//! mappings and the side channel. `segment` imports nothing from this file
-//! (only `crate::` types), so the dependency goes one way.
+//! mappings and the side channel; `ring` the rings and their async halves.
+//! Neither imports anything from this file (only `crate::` types), so the
+//! dependency goes one way.
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
@@ -184,7 +198,8 @@ pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer
     let ring = match with_ring {
         true => {
             let memfd = fds.next().expect("counted");
-            let events: [OwnedFd; ring::EVENTFDS] = fds.collect::<Vec<_>>().try_into().map_err(|_| bad("counted".into()))?;
+            let events: [OwnedFd; ring::EVENTFDS] =
+                fds.collect::<Vec<_>>().try_into().map_err(|_| bad("counted".into()))?;
             Some(ring::accept(memfd, events).map_err(bad)?)
         }
         false => None,

@@ -554,7 +554,10 @@ pub(crate) fn halves(
 }
 
 /// Server side: checks and maps what a client offered.
-pub(crate) fn accept(memfd: OwnedFd, events: [OwnedFd; EVENTFDS]) -> Result<(Arc<Region>, [OwnedFd; EVENTFDS]), String> {
+pub(crate) fn accept(
+    memfd: OwnedFd,
+    events: [OwnedFd; EVENTFDS],
+) -> Result<(Arc<Region>, [OwnedFd; EVENTFDS]), String> {
     let region = Region::map_peer(&memfd)?;
     for e in &events {
         if !is_eventfd(e) {
@@ -849,7 +852,8 @@ mod tests {
 
     #[test]
     fn positions_a_hostile_peer_writes_are_errors_not_wild_copies() {
-        for (which, value) in [(0u8, (MIN_RING + 1) as u64), (0, u64::MAX), (1, 5), (1, u64::MAX - 2 * MIN_RING as u64)] {
+        for (which, value) in [(0u8, (MIN_RING + 1) as u64), (0, u64::MAX), (1, 5), (1, u64::MAX - 2 * MIN_RING as u64)]
+        {
             let (region, _fd) = Region::create(MIN_RING).unwrap();
             let (p, c) = (region.producer(0), region.consumer(0));
             region.scribble(0, which, value);
