@@ -281,14 +281,14 @@ impl Producer {
                     std::ptr::copy_nonoverlapping(b.as_ptr().add(first), self.ring.data(0), k - first);
                 }
             }
-            pos += k as u64;
+            pos = pos.wrapping_add(k as u64);
             free -= k;
         }
         if pos != start {
             self.head.set(pos);
             self.ring.word(HEAD).store(pos, Ordering::Release);
         }
-        Ok((pos - start) as usize)
+        Ok(pos.wrapping_sub(start) as usize)
     }
 
     /// After publishing: whether the consumer sleeps (or is about to) and
@@ -357,8 +357,10 @@ impl Consumer {
                 std::ptr::copy_nonoverlapping(self.ring.data(0), out.add(first), n - first);
             }
         }
-        self.tail.set(pos + n as u64);
-        self.ring.word(TAIL).store(pos + n as u64, Ordering::Release);
+        // Positions wrap (the peer chose where they start).
+        let end = pos.wrapping_add(n as u64);
+        self.tail.set(end);
+        self.ring.word(TAIL).store(end, Ordering::Release);
         Ok(n)
     }
 
@@ -864,6 +866,18 @@ mod tests {
                 assert!(p.write(&[IoSlice::new(b"x")]).is_err(), "tail {value} must be refused");
             }
         }
+        // Positions a peer starts near the end of u64 wrap like any other.
+        let (region, _fd) = Region::create(MIN_RING).unwrap();
+        region.scribble(0, 0, u64::MAX - 10);
+        region.scribble(0, 1, u64::MAX - 10);
+        let (p, c) = (region.producer(0), region.consumer(0));
+        let data = pattern(3 * MIN_RING, 1);
+        let mut got = Vec::new();
+        for part in data.chunks(1000) {
+            assert_eq!(p.write(&[IoSlice::new(part)]).unwrap(), part.len());
+            got.extend(read_all(&c, 1000));
+        }
+        assert_eq!(got, data);
         // A head within the ring is believed: the bytes are garbage, not out of bounds.
         let (region, _fd) = Region::create(MIN_RING).unwrap();
         region.scribble(1, 0, MIN_RING as u64);
