@@ -313,7 +313,9 @@ def test_keyboard_interrupt_cancels_a_long_transfer_cleanly():
     try:
         with tensorwire.Client(s.url, retries=0) as c:
             tensors = {f"t{i}": torch.ones(4 << 20, dtype=torch.uint8) for i in range(100)}  # 400 MiB, ~20 s
-            timer = threading.Timer(0.5, _thread.interrupt_main)
+            # Early: the send must still be running (a fast machine moves 400 MiB into
+            # the server's receive buffers in well under a second).
+            timer = threading.Timer(0.1, _thread.interrupt_main)
             timer.start()
             t0 = time.monotonic()
             with pytest.raises(KeyboardInterrupt):
