@@ -452,17 +452,18 @@ fn eventfd() -> io::Result<OwnedFd> {
 /// full counter already wakes it, and a descriptor that is not an eventfd
 /// was refused when the ring was set up.
 fn signal(fd: &OwnedFd) {
+    // The peer shares the file description and could clear O_NONBLOCK and
+    // fill the counter to make this write block: write only while it is
+    // non-blocking. (A peer flipping it between the check and the write
+    // remains possible; futexes on the shared words would close that.)
+    // SAFETY: fcntl F_GETFL on our descriptor.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_NONBLOCK == 0 {
+        return;
+    }
     let one: u64 = 1;
     // SAFETY: writing 8 bytes from a live u64 to our descriptor.
     unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-}
-
-/// Resets an eventfd's counter; `WouldBlock` when it was zero.
-fn consume(fd: &OwnedFd) -> io::Result<()> {
-    let mut v: u64 = 0;
-    // SAFETY: reading 8 bytes into a live u64 from our non-blocking descriptor.
-    let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Whether a descriptor the peer passed is an eventfd.
@@ -528,11 +529,12 @@ pub(crate) fn halves(
     };
     let activity = Arc::new(Activity { reads: AtomicU64::new(0), writes: AtomicU64::new(0), spin });
     let sock2 = sock.try_clone()?;
-    let register = |fd: OwnedFd| -> io::Result<AsyncFd<OwnedFd>> {
+    let register_as = |fd: OwnedFd, interest| -> io::Result<AsyncFd<OwnedFd>> {
         // SAFETY: an OwnedFd's descriptor stays open and the same until it
         // is dropped, which only happens with the AsyncFd.
-        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)
+        unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
     };
+    let register = |fd: OwnedFd| register_as(fd, tokio::io::Interest::READABLE);
     let reader = RingReader {
         rx: region.consumer(read_ring),
         activity: activity.clone(),
@@ -549,7 +551,9 @@ pub(crate) fn halves(
         spin: Spin::new(),
         room: register(my_room)?,
         wake_data: peer_data,
-        sock: register(sock2)?,
+        // Writable interest: a peer's hang-up marks it closed for good, while
+        // a half-close (which tokio keeps as read-closed) is one wake-up.
+        sock: register_as(sock2, tokio::io::Interest::WRITABLE)?,
         gone: Cell::new(false),
     };
     Ok((reader, writer))
@@ -652,7 +656,9 @@ impl AsyncRead for RingReader {
             }
             match this.data.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
-                    let _ = g.try_io(|fd| consume(fd.get_ref()));
+                    // Not read: the peer shares the eventfd's file description and
+                    // could make it blocking. Each write is an edge; clear and look.
+                    g.clear_ready();
                     continue;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -743,18 +749,21 @@ impl AsyncWrite for RingWriter {
             }
             match this.room.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
-                    let _ = g.try_io(|fd| consume(fd.get_ref()));
+                    // Not read: the peer shares the eventfd's file description and
+                    // could make it blocking. Each write is an edge; clear and look.
+                    g.clear_ready();
                     continue;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {}
             }
-            match this.sock.poll_read_ready(cx) {
+            match this.sock.poll_write_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
                     if hung_up(g.get_ref().get_ref()) {
                         this.gone.set(true);
                     } else {
-                        // Only readable (the peer closed its direction): wait for the next change.
+                        // The socket is writable (it always is: nothing is
+                        // written to it): wait for its next change.
                         g.clear_ready();
                     }
                     continue;
@@ -975,5 +984,19 @@ mod tests {
         let full = vec![0u8; 4 * MIN_RING];
         let w = tokio::time::timeout(Duration::from_secs(10), cwr.write_all(&full)).await.expect("no hang");
         assert_eq!(w.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_writer_waiting_on_a_half_closed_peer_sleeps_instead_of_spinning() {
+        let ((_crd, cwr), (srd, mut swr)) = pair(MIN_RING, Duration::ZERO);
+        // The peer closes its direction but keeps reading nothing.
+        swr.shutdown().await.unwrap();
+        let mut cwr = cwr;
+        let full = vec![0u8; 4 * MIN_RING];
+        // On one thread, a spinning writer would starve the timer: the
+        // timeout fires only if the writer waits.
+        let w = tokio::time::timeout(Duration::from_millis(300), cwr.write_all(&full)).await;
+        assert!(w.is_err(), "the write must wait for room, not fail or spin");
+        drop((srd, swr));
     }
 }
