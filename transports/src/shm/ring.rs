@@ -124,18 +124,7 @@ impl Region {
     /// Maps a region the peer made, after checking that its size is sealed
     /// and describes two rings of an allowed power-of-two size.
     pub fn map_peer(fd: &OwnedFd) -> Result<Arc<Self>, String> {
-        // SAFETY: fstat/fcntl on a descriptor we own; st is plain data.
-        let (size, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) < 0 {
-                return Err(format!("fstat of the ring failed: {}", io::Error::last_os_error()));
-            }
-            (st.st_size as u64, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
-        };
-        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals < 0 || seals & need != need {
-            return Err("the ring's size is not sealed (it could shrink under the mapping)".into());
-        }
+        let size = super::segment::sealed_size(fd, "ring")?;
         let cap = (size / 2).saturating_sub(DATA as u64);
         let ok = size % 2 == 0
             && cap.is_power_of_two()

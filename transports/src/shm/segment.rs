@@ -378,6 +378,24 @@ impl Drop for SegmentWriter {
     }
 }
 
+/// The size of a peer's memfd (`what` names it in errors), checked to be
+/// sealed against shrinking and growing, so a mapping cannot fault.
+pub(crate) fn sealed_size(fd: &OwnedFd, what: &str) -> Result<u64, String> {
+    // SAFETY: fstat/fcntl on a descriptor we own; st is plain data.
+    let (size, seals) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd.as_raw_fd(), &mut st) < 0 {
+            return Err(format!("fstat of the {what} failed: {}", io::Error::last_os_error()));
+        }
+        (st.st_size as u64, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
+    };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals < 0 || seals & need != need {
+        return Err(format!("the {what}'s size is not sealed (it could shrink under the mapping)"));
+    }
+    Ok(size)
+}
+
 /// A segment of the peer's, mapped read-only for as long as this lives.
 pub(crate) struct PeerSegment {
     ptr: *const u8,
@@ -393,18 +411,7 @@ unsafe impl Sync for PeerSegment {}
 impl PeerSegment {
     /// Checks a received segment (seals, size within `limit`) and maps all of it.
     pub(crate) fn map(fd: &OwnedFd, limit: u64) -> Result<Self, String> {
-        // SAFETY: fstat/fcntl on a descriptor we own; st is plain data.
-        let (size, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) < 0 {
-                return Err(format!("fstat failed: {}", io::Error::last_os_error()));
-            }
-            (st.st_size as u64, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
-        };
-        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals < 0 || seals & need != need {
-            return Err("the segment's size is not sealed (it could shrink under the mapping)".into());
-        }
+        let size = sealed_size(fd, "segment")?;
         if size > limit {
             return Err(format!("segment of {size} bytes exceeds the limit of {limit} bytes"));
         }
