@@ -392,3 +392,24 @@ async fn concurrent_calls_of_a_batched_function_are_coalesced_on_the_client() {
     let y = plain.compute("model", vec![Tensor::from_vec([3], vec![1.0f32; 3]).unwrap()]).await.unwrap();
     assert_eq!(f32s(&y[0]), vec![3.0; 3]);
 }
+
+/// A call's future is what a caller's task holds and moves: it stays small
+/// (the rare connect path is boxed away; it once made every call's future
+/// ~10 KB, copied on each call). A bound with room for compiler changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_futures_stay_small() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "tcp").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let t = Tensor::zeros(DType::UInt8, [16]).unwrap();
+    let sizes = [
+        ("compute", std::mem::size_of_val(&client.compute("identity", vec![t.clone()]))),
+        ("call", std::mem::size_of_val(&client.call("identity", vec![t.clone()], Args::new()))),
+        ("send", std::mem::size_of_val(&client.send(vec![t.clone()]))),
+        ("fetch", std::mem::size_of_val(&client.fetch(Default::default()))),
+    ];
+    for (what, size) in sizes {
+        assert!(size <= 4096, "a {what} future is {size} bytes");
+    }
+    // The futures were never polled: the client still works.
+    assert_eq!(client.compute("identity", vec![t.clone()]).await.unwrap().len(), 1);
+}

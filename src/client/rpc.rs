@@ -43,7 +43,7 @@ impl Client {
             && self.inner.config.coalesce
             && let Some(max_batch) = self.batched(function).await
         {
-            return self.inner.coalescer.call(self, function, max_batch, inputs, args).await;
+            return Box::pin(self.inner.coalescer.call(self, function, max_batch, inputs, args)).await;
         }
         self.call_inner(function, &inputs, &args, opts, 0, true).await
     }

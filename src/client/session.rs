@@ -176,6 +176,14 @@ impl Client {
         if let Some(s) = self.current() {
             return Ok(s);
         }
+        // Boxed: connecting is rare, and its future (every transport's
+        // connect and handshake) would otherwise make every call's future
+        // kilobytes larger, copied as calls are made.
+        Box::pin(self.connect_session()).await
+    }
+
+    /// Connects (once, for every caller waiting) and makes the session current.
+    async fn connect_session(&self) -> Result<Arc<ClientSession>, ConnectError> {
         let _g = self.inner.connecting.lock().await;
         if let Some(s) = self.current() {
             return Ok(s);

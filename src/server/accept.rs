@@ -135,8 +135,11 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
         };
         let (inner, session) = (inner.clone(), session.clone());
         session.active.fetch_add(1, Ordering::AcqRel);
+        // Boxed where it is made: the call's future (kilobytes) is then
+        // copied once, not again into the spawned task.
+        let call = Box::pin(dispatch::handle_stream(inner, session.clone(), inc));
         tokio::spawn(async move {
-            dispatch::handle_stream(inner, session.clone(), inc).await;
+            call.await;
             session.active.fetch_sub(1, Ordering::AcqRel);
         });
     }

@@ -60,7 +60,7 @@ pub(crate) async fn start(
         since: std::time::Instant::now(),
     });
     let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
-    tokio::spawn(dispatch::handle_stream(inner.clone(), session, inc));
+    tokio::spawn(Box::pin(dispatch::handle_stream(inner.clone(), session, inc)));
     // Raw codec in the pipe: tensors pass as slices of their bytes.
     let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };
     let mut writer = FrameWriter::new(Box::new(to_server), enc, SharedCaps::default(), u64::MAX, None);

@@ -405,27 +405,46 @@ impl Activity {
 /// One half's view of [`Activity`]: the moves it last saw and when.
 struct Spin {
     seen: u64,
-    since: Instant,
+    /// When `seen` was first seen unchanged (None: not yet looked at the
+    /// clock since it changed).
+    since: Option<Instant>,
+    /// Polls since the clock was last read.
+    polls: u32,
 }
+
+/// Polls between two clock reads while spinning (a poll takes well under
+/// a microsecond; the spin lasts tens of them).
+const POLLS_PER_CLOCK_READ: u32 = 8;
 
 impl Spin {
     fn new() -> Self {
-        Self { seen: 0, since: Instant::now() }
+        Self { seen: 0, since: None, polls: 0 }
     }
 
     /// Whether to poll again rather than sleep: the connection moved bytes
-    /// within the last `spin`.
+    /// within about the last `spin`. The clock is read once every
+    /// [`POLLS_PER_CLOCK_READ`] polls of a quiet connection, and never
+    /// while bytes keep moving.
     fn spinning(&mut self, a: &Activity) -> bool {
         if a.spin.is_zero() {
             return false;
         }
-        let now = Instant::now();
         let moves = a.moves();
         if moves != self.seen {
             self.seen = moves;
-            self.since = now;
+            self.since = None;
+            self.polls = 0;
+            return true;
         }
-        now.duration_since(self.since) < a.spin
+        self.polls = self.polls.wrapping_add(1);
+        match self.since {
+            None => {
+                self.since = Some(Instant::now());
+                true
+            }
+            Some(_) if !self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) => true,
+            Some(since) => since.elapsed() < a.spin,
+        }
     }
 }
 
