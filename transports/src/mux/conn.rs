@@ -117,8 +117,7 @@ where
         peer_window: theirs.stream_window,
         peer_max_payload: theirs.max_frame_payload,
         conn_window: config.connection_window,
-        born: std::time::Instant::now(),
-        last_frame_ms: AtomicU64::new(0),
+        frames_heard: AtomicU64::new(0),
         state: Mutex::new(ConnState { streams: Streams::new(role, config.max_concurrent_streams), error: None }),
         writer,
         accept_tx,
@@ -144,15 +143,24 @@ where
 /// `interval`, closes one that answered nothing (not even a PONG) for
 /// [`PING_TIMEOUT_INTERVALS`] intervals, and closes a connection that had no
 /// open stream for `idle` (its client reconnects on its next call).
+///
+/// Quiet time is told from the frame counter at each tick (the reader
+/// reads no clock per frame), so it is known to a tick: a silent peer is
+/// closed after between [`PING_TIMEOUT_INTERVALS`] and one more ticks.
 async fn keep(shared: std::sync::Weak<Shared>, interval: Duration, idle: Option<Duration>) {
     let mut idle_from: Option<std::time::Instant> = None;
+    let (mut heard, mut heard_at) = (0u64, std::time::Instant::now());
     loop {
         tokio::time::sleep(interval.min(idle.unwrap_or(interval))).await;
         let Some(sh) = shared.upgrade() else { return };
         if sh.closed.load(Ordering::Acquire) {
             return;
         }
-        let quiet = sh.quiet_for();
+        let frames = sh.frames_heard.load(Ordering::Relaxed);
+        if frames != heard {
+            (heard, heard_at) = (frames, std::time::Instant::now());
+        }
+        let quiet = heard_at.elapsed();
         if quiet >= interval * PING_TIMEOUT_INTERVALS {
             sh.close(&format!("the peer answered no keep-alive ping for {}s", quiet.as_secs()));
             return;

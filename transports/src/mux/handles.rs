@@ -266,13 +266,18 @@ impl Drop for MuxRecv {
         inner.events = None;
         inner.placement = None;
         drop(inner);
-        // Frames still queued count against the connection window until released.
+        // Frames still queued count against the connection window until
+        // released; the reader may be waiting for that room.
+        let mut released = false;
         while let Ok(ev) = self.events.try_recv() {
             if let Event::Frame(_, cost) = ev {
                 self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
+                released = true;
             }
         }
-        self.shared.budget_notify.notify_waiters();
+        if released {
+            self.shared.budget_notify.notify_waiters();
+        }
         if dropped.forget {
             self.shared.forget(&self.stream);
         }

@@ -299,12 +299,18 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
                 }
             }
         }
-        // Connection window: stop reading while too much sits unconsumed.
+        // Connection window: stop reading while too much sits unconsumed
+        // (checked first without registering for a wake-up: the usual case).
+        let room =
+            || shared.buffered.load(Ordering::Acquire) <= shared.conn_window || shared.closed.load(Ordering::Acquire);
+        if room() {
+            return Ok(());
+        }
         loop {
             let n = shared.budget_notify.notified();
             let mut n = pin!(n);
             n.as_mut().enable();
-            if shared.buffered.load(Ordering::Acquire) <= shared.conn_window || shared.closed.load(Ordering::Acquire) {
+            if room() {
                 return Ok(());
             }
             n.await;

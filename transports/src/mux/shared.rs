@@ -9,7 +9,6 @@
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
 
@@ -78,10 +77,9 @@ pub(crate) struct Shared {
     pub(crate) peer_max_payload: u32,
     /// Bytes of delivered, unconsumed frames above which the reader pauses.
     pub(crate) conn_window: u64,
-    /// When the connection started; `last_frame_ms` counts from it.
-    pub(crate) born: std::time::Instant,
-    /// Milliseconds after `born` at which the last frame arrived.
-    pub(crate) last_frame_ms: AtomicU64,
+    /// Frames that arrived so far (the keep-alive task watches it change;
+    /// a counter, not a clock read per frame).
+    pub(crate) frames_heard: AtomicU64,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) writer: Writer,
     pub(crate) accept_tx: mpsc::UnboundedSender<Incoming>,
@@ -100,14 +98,10 @@ impl Shared {
             .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
     }
 
-    /// Records that a frame arrived (the peer is alive).
+    /// Records that a frame arrived (the peer is alive). Only the reader
+    /// task counts: a plain store, no locked instruction.
     pub(crate) fn heard(&self) {
-        self.last_frame_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// Time since the last frame arrived.
-    pub(crate) fn quiet_for(&self) -> Duration {
-        self.born.elapsed().saturating_sub(Duration::from_millis(self.last_frame_ms.load(Ordering::Relaxed)))
+        self.frames_heard.store(self.frames_heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Closes the connection with a GOAWAY naming `reason`.
