@@ -239,8 +239,8 @@ struct CallArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // Before anything is allocated: HTTP/2 frames and chunks recycled from
-    // the heap, not mapped and faulted in per frame (see the function).
+    // Rust's allocations go to mimalloc (above); glibc's malloc still
+    // serves the C libraries (UCX, zstd): tuned as the library suggests.
     tensorwire::tune_allocator();
     let default_level = if matches!(cli.command, Command::Bench(_)) { "warn" } else { "info" };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
