@@ -199,8 +199,8 @@ impl Connection for MuxConnection {
             return Err(e.clone());
         }
         // The id is assigned when the first frame is sent (see `MuxSend::enqueue`).
-        let (s, rx) = sh.new_stream(0);
-        Ok((Box::new(MuxSend { shared: sh.clone(), stream: s.clone() }), Box::new(MuxRecv::new(sh.clone(), s, rx))))
+        let s = sh.new_stream(0);
+        Ok((Box::new(MuxSend { shared: sh.clone(), stream: s.clone() }), Box::new(MuxRecv::new(sh.clone(), s))))
     }
 
     async fn accept(&self) -> Result<Incoming, StreamError> {

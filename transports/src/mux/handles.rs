@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use async_trait::async_trait;
 use bytes::Bytes;
 use prost::Message;
-use tokio::sync::mpsc;
 
 use super::frame::code;
 use super::shared::{Event, Shared, StreamShared};
@@ -188,13 +187,22 @@ impl Drop for MuxSend {
 pub(crate) struct MuxRecv {
     pub(crate) shared: Arc<Shared>,
     pub(crate) stream: Arc<StreamShared>,
-    pub(crate) events: mpsc::UnboundedReceiver<Event>,
     pub(crate) done: bool,
 }
 
 impl MuxRecv {
-    pub(crate) fn new(shared: Arc<Shared>, stream: Arc<StreamShared>, events: mpsc::UnboundedReceiver<Event>) -> Self {
-        Self { shared, stream, events, done: false }
+    pub(crate) fn new(shared: Arc<Shared>, stream: Arc<StreamShared>) -> Self {
+        Self { shared, stream, done: false }
+    }
+
+    /// The next event the reader queued for this stream (cancel-safe:
+    /// nothing is taken until it is returned).
+    async fn next_event(&self) -> Option<Event> {
+        std::future::poll_fn(|cx| match lock(&self.stream.inner).events.as_mut() {
+            Some(ev) => ev.poll_next(cx).map(Some),
+            None => std::task::Poll::Ready(None),
+        })
+        .await
     }
 
     fn consumed(&self, cost: u64) {
@@ -220,15 +228,18 @@ impl RecvStream for MuxRecv {
             // The sender abandoned the stream: frames still queued are
             // dropped (their credit returned), so a receiver stops at once
             // instead of working through what a cancelled call had sent.
-            while let Ok(ev) = self.events.try_recv() {
-                if let Event::Frame(_, cost) = ev {
-                    self.consumed(cost);
+            loop {
+                let ev = lock(&self.stream.inner).events.as_mut().and_then(|e| e.try_next());
+                match ev {
+                    Some(Event::Frame(_, cost)) => self.consumed(cost),
+                    Some(_) => {}
+                    None => break,
                 }
             }
             self.done = true;
             return Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code });
         }
-        match self.events.recv().await {
+        match self.next_event().await {
             Some(Event::Frame(r, cost)) => {
                 self.consumed(cost);
                 Ok(Some(r))
@@ -263,13 +274,13 @@ impl Drop for MuxRecv {
         if dropped.stop && id != 0 {
             let _ = self.shared.writer.write_or_push([Out::Stop { id, code: code::CANCELLED }]);
         }
-        inner.events = None;
+        let mut events = inner.events.take();
         inner.placement = None;
         drop(inner);
         // Frames still queued count against the connection window until
         // released; the reader may be waiting for that room.
         let mut released = false;
-        while let Ok(ev) = self.events.try_recv() {
+        while let Some(ev) = events.as_mut().and_then(|e| e.try_next()) {
             if let Event::Frame(_, cost) = ev {
                 self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
                 released = true;

@@ -104,8 +104,8 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R) -> Resul
                     let inner = &mut *lock(&s.inner);
                     if inner.state.on_reset() {
                         inner.reset = Some(head.value);
-                        if let Some(tx) = &inner.events {
-                            let _ = tx.send(Event::Reset(head.value));
+                        if let Some(ev) = &mut inner.events {
+                            ev.send(Event::Reset(head.value));
                         }
                     }
                 }
@@ -214,13 +214,8 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
     /// frame (the next head skips its payload).
     fn stream_for_data(&self, id: u32) -> Result<Option<Arc<StreamShared>>, StreamError> {
         let shared = self.shared;
-        let mut events = None;
         let mut st = lock(&shared.state);
-        let route = st.streams.route_data(id, || {
-            let (s, rx) = shared.new_stream(id);
-            events = Some(rx);
-            s
-        });
+        let route = st.streams.route_data(id, || shared.new_stream(id));
         match route.map_err(|v| violation(shared, id, v))? {
             Route::Existing(s) => Ok(Some(s)),
             Route::Ignored => Ok(None),
@@ -235,7 +230,7 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
                 let incoming = Incoming {
                     kind: None,
                     send: Box::new(MuxSend { shared: shared.clone(), stream: s.clone() }),
-                    recv: Box::new(MuxRecv::new(shared.clone(), s.clone(), events.expect("opened"))),
+                    recv: Box::new(MuxRecv::new(shared.clone(), s.clone())),
                 };
                 Ok(shared.accept_tx.send(incoming).is_ok().then_some(s))
             }
@@ -287,15 +282,14 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         {
             let inner = &mut *lock(&s.inner);
             if inner.state.on_data_end(head.fin())
-                && let Some(tx) = &inner.events
+                && let Some(ev) = &mut inner.events
             {
-                if let Some(header) = header
-                    && tx.send(Event::Frame(Received { header, payload }, cost)).is_ok()
-                {
+                if let Some(header) = header {
                     shared.buffered.fetch_add(cost, Ordering::AcqRel);
+                    ev.send(Event::Frame(Received { header, payload }, cost));
                 }
                 if head.fin() {
-                    let _ = tx.send(Event::Fin);
+                    ev.send(Event::Fin);
                 }
             }
         }

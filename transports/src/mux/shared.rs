@@ -6,9 +6,11 @@
 //! stream's [`StreamState`] under a lock of its own, so streams never wait
 //! on each other's bookkeeping. No IO happens under either lock.
 
+use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use tokio::sync::{Notify, mpsc};
 
@@ -31,12 +33,51 @@ pub(crate) enum Event {
     Error(StreamError),
 }
 
+/// The events on their way from the reader to a stream's receiving
+/// handle: a queue under the stream's own lock and the handle's waker (one
+/// producer, one consumer; a channel per stream cost an allocation of its
+/// own and a 32-slot block on each side of every call).
+#[derive(Default)]
+pub(crate) struct Events {
+    queue: VecDeque<Event>,
+    waker: Option<Waker>,
+}
+
+impl Events {
+    /// Queues `ev` and wakes the receiving handle.
+    pub(crate) fn send(&mut self, ev: Event) {
+        self.queue.push_back(ev);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// The next event, or Pending with the task's waker kept.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        match self.queue.pop_front() {
+            Some(ev) => Poll::Ready(ev),
+            None => {
+                match &mut self.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The next event if one is queued.
+    pub(crate) fn try_next(&mut self) -> Option<Event> {
+        self.queue.pop_front()
+    }
+}
+
 /// A stream's mutable part.
 pub(crate) struct StreamInner {
     /// The sans-IO state: half-closes and windows.
     pub(crate) state: StreamState,
     /// To the receiving handle; None once it is dropped.
-    pub(crate) events: Option<mpsc::UnboundedSender<Event>>,
+    pub(crate) events: Option<Events>,
     /// Where the receiver wants a tensor's payloads written.
     pub(crate) placement: Option<Placement>,
     /// The peer reset the stream with this code: what it sent before and
@@ -131,9 +172,9 @@ impl Shared {
         };
         self.closed.store(true, Ordering::Release);
         for s in streams {
-            let inner = lock(&s.inner);
-            if let Some(tx) = &inner.events {
-                let _ = tx.send(Event::Error(err.clone()));
+            let mut inner = lock(&s.inner);
+            if let Some(ev) = &mut inner.events {
+                ev.send(Event::Error(err.clone()));
             }
             drop(inner);
             s.send_notify.notify_waiters();
@@ -142,21 +183,18 @@ impl Shared {
         self.budget_notify.notify_waiters();
     }
 
-    /// A new stream (id 0 for a local one until its first frame) and the
-    /// receiving end of its events.
-    pub(crate) fn new_stream(&self, id: u32) -> (Arc<StreamShared>, mpsc::UnboundedReceiver<Event>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let s = Arc::new(StreamShared {
+    /// A new stream (id 0 for a local one until its first frame).
+    pub(crate) fn new_stream(&self, id: u32) -> Arc<StreamShared> {
+        Arc::new(StreamShared {
             id: AtomicU32::new(id),
             inner: Mutex::new(StreamInner {
                 state: StreamState::new(self.peer_window, self.my_window),
-                events: Some(tx),
+                events: Some(Events::default()),
                 placement: None,
                 reset: None,
             }),
             send_notify: Notify::new(),
-        });
-        (s, rx)
+        })
     }
 
     /// Keeps the writer's count of open streams (its direct-write rule) in step.
