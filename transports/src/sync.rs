@@ -1,17 +1,23 @@
-//! Small concurrency helpers: a poison-tolerant lock, and background
-//! threads bounded process-wide.
+//! Small concurrency helpers: a poison-tolerant lock, a single-writer
+//! counter, and background threads bounded process-wide.
 //!
 //! The data behind every lock in this crate stays consistent across a panic
 //! while it is held (tables and slots updated in one step), so a later
 //! caller takes the lock anyway instead of panicking in turn.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 /// Locks `m`, ignoring poisoning.
 pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Adds one to a counter that only the caller's task writes (others only
+/// read it): a plain load and store, no locked instruction.
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 /// Spawns `f` on a thread named `name` unless `max` threads counted by

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::frame::code;
-use super::shared::{Event, Shared, StreamShared};
+use super::shared::{Event, Events, Shared, StreamShared};
 use super::state::SendPoll;
 use super::writer::Out;
 use crate::sync::lock;
@@ -228,13 +228,9 @@ impl RecvStream for MuxRecv {
             // The sender abandoned the stream: frames still queued are
             // dropped (their credit returned), so a receiver stops at once
             // instead of working through what a cancelled call had sent.
-            loop {
-                let ev = lock(&self.stream.inner).events.as_mut().and_then(|e| e.try_next());
-                match ev {
-                    Some(Event::Frame(_, cost)) => self.consumed(cost),
-                    Some(_) => {}
-                    None => break,
-                }
+            let cost = lock(&self.stream.inner).events.as_mut().map_or(0, Events::discard);
+            if cost > 0 {
+                self.consumed(cost);
             }
             self.done = true;
             return Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code });
@@ -274,19 +270,14 @@ impl Drop for MuxRecv {
         if dropped.stop && id != 0 {
             let _ = self.shared.writer.write_or_push([Out::Stop { id, code: code::CANCELLED }]);
         }
-        let mut events = inner.events.take();
+        let events = inner.events.take();
         inner.placement = None;
         drop(inner);
         // Frames still queued count against the connection window until
         // released; the reader may be waiting for that room.
-        let mut released = false;
-        while let Some(ev) = events.as_mut().and_then(|e| e.try_next()) {
-            if let Event::Frame(_, cost) = ev {
-                self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
-                released = true;
-            }
-        }
-        if released {
+        let cost = events.map_or(0, |mut e| e.discard());
+        if cost > 0 {
+            self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
             self.shared.budget_notify.notify_waiters();
         }
         if dropped.forget {

@@ -66,9 +66,9 @@ impl Events {
         }
     }
 
-    /// The next event if one is queued.
-    pub(crate) fn try_next(&mut self) -> Option<Event> {
-        self.queue.pop_front()
+    /// Drops what is queued; returns the credit of the frames dropped.
+    pub(crate) fn discard(&mut self) -> u64 {
+        self.queue.drain(..).map(|ev| if let Event::Frame(_, cost) = ev { cost } else { 0 }).sum()
     }
 }
 
@@ -139,10 +139,10 @@ impl Shared {
             .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
     }
 
-    /// Records that a frame arrived (the peer is alive). Only the reader
-    /// task counts: a plain store, no locked instruction.
+    /// Records that a frame arrived (the peer is alive); only the reader
+    /// task counts.
     pub(crate) fn heard(&self) {
-        self.frames_heard.store(self.frames_heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        crate::sync::bump(&self.frames_heard);
     }
 
     /// Closes the connection with a GOAWAY naming `reason`.

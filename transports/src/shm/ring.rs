@@ -391,12 +391,6 @@ struct Activity {
 }
 
 impl Activity {
-    /// Counts a move on a half's own counter (only that half writes it:
-    /// a plain store, no locked instruction).
-    fn bump(&self, counter: &AtomicU64) {
-        counter.store(counter.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-    }
-
     fn moves(&self) -> u64 {
         self.reads.load(Ordering::Relaxed).wrapping_add(self.writes.load(Ordering::Relaxed))
     }
@@ -641,7 +635,7 @@ impl AsyncRead for RingReader {
                 // SAFETY: read() initialized the first n unfilled bytes.
                 unsafe { buf.assume_init(n) };
                 buf.advance(n);
-                this.activity.bump(&this.activity.reads);
+                crate::sync::bump(&this.activity.reads);
                 if this.rx.producer_asleep() {
                     signal(&this.wake_room);
                 }
@@ -724,7 +718,7 @@ impl RingWriter {
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        self.activity.bump(&self.activity.writes);
+        crate::sync::bump(&self.activity.writes);
         if self.tx.consumer_asleep() {
             signal(&self.wake_data);
         }
