@@ -30,6 +30,13 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
+/// What the open descriptors are (for failure messages).
+fn fd_listing() -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Waits up to 10 s for `f` to hold.
 async fn eventually(mut f: impl FnMut() -> bool) -> bool {
     for _ in 0..200 {
@@ -60,12 +67,16 @@ async fn large_payloads_travel_through_ucx_bit_exact() {
     // this process, so each byte counts once sent and once received).
     assert!(after.bytes_received >= before.bytes_received + 2 * (64 << 20), "{before:?} -> {after:?}");
     assert!(after.bytes_sent >= before.bytes_sent + 2 * (64 << 20), "{before:?} -> {after:?}");
-    // Small tensors stay on the control socket.
+    // Small tensors travel inside frames, and frames through UCX's stream
+    // (not the TCP control socket).
     let small = random_tensor(DType::UInt8, &[1000], 1).unwrap().with_name("small");
-    let b = ucx::stats().bytes_received;
+    let b = ucx::stats();
     client.send(vec![small.clone()]).await.unwrap();
     assert_same(&small, &client.fetch_one("small").await.unwrap());
-    assert_eq!(ucx::stats().bytes_received, b);
+    let a = ucx::stats();
+    assert_eq!(a.bytes_received, b.bytes_received);
+    assert!(a.frame_bytes_received >= b.frame_bytes_received + 2 * 1000, "{b:?} -> {a:?}");
+    assert!(a.frame_bytes_sent >= b.frame_bytes_sent + 2 * 1000, "{b:?} -> {a:?}");
 }
 
 /// Run as a child process: sends 256 MiB tensors until killed.
@@ -113,7 +124,12 @@ async fn a_sender_killed_mid_rendezvous_leaves_nothing_behind() {
         "UCX state left after the peer died: {:?}",
         ucx::stats()
     );
-    assert!(eventually(|| open_fds() <= fds_before).await, "descriptors left: {} > {fds_before}", open_fds());
+    assert!(
+        eventually(|| open_fds() <= fds_before).await,
+        "descriptors left: {} > {fds_before}: {:?}",
+        open_fds(),
+        fd_listing()
+    );
     // And the server serves the next client.
     let c = Client::connect(&url).await.unwrap();
     let t = random_tensor(DType::UInt8, &[8 << 20], 3).unwrap().with_name("after");
@@ -254,19 +270,20 @@ async fn bad_preambles_are_refused_and_the_next_client_is_served() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
     let authority = server.url().trim_start_matches("ucx://").to_string();
-    let mut huge_token = b"TWUCX\x02\0\0".to_vec();
+    let mut huge_token = b"TWUCX\x03\0\0".to_vec();
     huge_token.extend_from_slice(&u16::MAX.to_le_bytes());
-    let mut zero_address = b"TWUCX\x02\0\0\x01\0x".to_vec();
+    let mut zero_address = b"TWUCX\x03\0\0\x01\0x".to_vec();
     zero_address.extend_from_slice(&0u32.to_le_bytes());
-    let previous_version = b"TWUCX\x01\0\0\x10\0\0\0".to_vec();
-    for bad in [previous_version, huge_token, zero_address, b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+    let previous_version = b"TWUCX\x02\0\0\x10\0\0\0".to_vec();
+    let first_version = b"TWUCX\x01\0\0\x10\0\0\0".to_vec();
+    for bad in [previous_version, first_version, huge_token, zero_address, b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
         let mut s = tokio::net::TcpStream::connect(&authority).await.unwrap();
         s.write_all(&bad).await.unwrap();
         // The server hangs up (after its own hello at most), never waits.
         let mut seen = Vec::new();
         let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen)).await;
         assert!(end.is_ok(), "the server kept a connection that sent {bad:?}");
-        assert!(!seen.starts_with(b"TWUCX") || seen.starts_with(b"TWUCX\x02"), "{seen:?}");
+        assert!(!seen.starts_with(b"TWUCX") || seen.starts_with(b"TWUCX\x03"), "{seen:?}");
     }
     let client = Client::connect(&server.url()).await.unwrap();
     let t = random_tensor(DType::UInt8, &[1 << 20], 3).unwrap().with_name("after");
@@ -328,4 +345,43 @@ fn ucx_reports_memory_types_and_same_host_transports() {
         // memory; without cma where it cannot (UCX 1.13).
         None => assert!(tls == "sm,self" || tls == "sysv,posix,self", "{tls}"),
     }
+}
+
+/// A close travels as frames through UCX's stream, then the byte count on
+/// the control socket: the peer learns why (not just that the socket
+/// went), and both workers and every descriptor are gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_reaches_the_peer_with_its_reason_and_releases_the_workers() {
+    let cfg = TransportConfig::default();
+    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
+    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
+    let url = listener.local_endpoint();
+    // A first connection creates UCX's process-wide contexts (and their
+    // descriptors): count from after it.
+    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
+    drop((client.unwrap(), server.unwrap()));
+    assert!(eventually(|| ucx::stats().workers == 0).await, "{:?}", ucx::stats());
+    let (fds, workers) = (open_fds(), ucx::stats().workers);
+    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
+    let (client, server) = (client.unwrap(), server.unwrap());
+    assert_eq!(ucx::stats().workers, workers + 2);
+
+    // A frame gets through, then the client closes with a reason.
+    let (mut tx, rx) = client.open(StreamKind::Send).await.unwrap();
+    let hello = Frame { header: FrameHeader::new(Kind::Chunk(v1::Chunk::default())), payload: vec![9u8; 100].into() };
+    tx.send_batch(vec![hello], true).await.unwrap();
+    let mut inc = server.accept().await.unwrap();
+    let got = inc.recv.recv().await.unwrap().expect("the frame");
+    assert_eq!(got.payload.len(), 100);
+    client.close("the client is done");
+    let e = match tokio::time::timeout(Duration::from_secs(10), server.accept()).await {
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(_)) => panic!("a stream after the close"),
+        Err(_) => panic!("the close did not arrive"),
+    };
+    assert!(e.contains("the client is done"), "{e}");
+
+    drop((tx, rx, inc, client, server));
+    assert!(eventually(|| ucx::stats().workers == workers).await, "{:?}", ucx::stats());
+    assert!(eventually(|| open_fds() <= fds).await, "{} descriptors, {fds} before: {:?}", open_fds(), fd_listing());
 }

@@ -1,13 +1,15 @@
 //! Connection setup for `ucx://host:port` and the [`Connection`] that ties
-//! the control mux to the UCX worker.
+//! the mux to the UCX worker.
 //!
 //! ```text
 //!   client                                          server (TCP listener on host:port)
-//!   TCP connect ─ "TWUCX\x02\0\0" host token ───────►  same host? → worker (context for it)
-//!   same host? → worker ◄─ "TWUCX\x02\0\0" host token, server worker address
+//!   TCP connect ─ "TWUCX\x03\0\0" host token ───────►  same host? → worker (context for it)
+//!   same host? → worker ◄─ "TWUCX\x03\0\0" host token, server worker address
 //!   client worker address ─────────────────────────►  ucp_ep_create(client address)
 //!   ucp_ep_create(server address)
-//!   mux preface ◄─────────────────────────────────► mux preface (frames from now on)
+//!   mux preface ◄════════ UCP stream ═════════════► mux preface (frames from now on)
+//!   ...
+//!   writer shutdown: flush, frame byte count ─ TCP ─►  stream ends after that many bytes
 //! ```
 //!
 //! The host token (boot id and PID/IPC/mount namespaces) tells both sides,
@@ -15,19 +17,23 @@
 //! unset, same-host peers get workers limited to UCX's shared-memory
 //! transports (see `ffi::context_for`), others every transport.
 //!
-//! The TCP socket stays the control channel: it carries every frame header
-//! and small payloads, and its closing (a peer that exits or is killed)
-//! tears the worker down at once, failing outstanding UCX operations.
+//! After the address exchange every frame travels through UCX (see
+//! `stream`); the TCP socket stays open as the control channel: it carries
+//! each side's closing byte count, and its end without one (a peer that
+//! exits or is killed) tears the worker down at once, failing outstanding
+//! UCX operations.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot;
 
 use super::rendezvous::{Rendezvous, UcxRecv, UcxSend};
+use super::stream::{UcxReader, UcxWriter};
 use super::worker::WorkerHandle;
 use crate::listener::{AcceptTx, QueueListener, RawAccept, establish_error};
 use crate::mux::{self, Role, SocketInfo};
@@ -36,8 +42,9 @@ use crate::{
     SendStream, StreamError, StreamKind, TransportConfig,
 };
 
-/// First bytes of each side's first message (version 2: with host tokens).
-const MAGIC: &[u8; 8] = b"TWUCX\x02\0\0";
+/// First bytes of each side's first message (version 2: with host tokens;
+/// 3: frames through the UCP stream).
+const MAGIC: &[u8; 8] = b"TWUCX\x03\0\0";
 /// Largest worker address accepted from a peer (UCX's are a few hundred bytes).
 const MAX_ADDRESS: u32 = 64 << 10;
 /// Largest host token accepted from a peer.
@@ -122,12 +129,18 @@ async fn establish(
             (worker, pending, theirs)
         }
     };
-    worker.connect(pending, &theirs).map_err(Failure::Ucx)?;
+    worker.connect(pending, &theirs, config.ucx.spin).map_err(Failure::Ucx)?;
     let local = s.peer_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
-    let (rd, wr) = s.into_split();
+    let worker = Arc::new(worker);
+    let (control_rd, control_wr) = s.into_split();
+    // The control socket's reading side: the peer's frame count, then its end.
+    let watch = tokio::spawn(watch_control(control_rd, Arc::downgrade(&worker)));
+    worker.attach(watch.abort_handle());
+    let (writer_gone_tx, writer_gone) = oneshot::channel::<()>();
+    let rd = UcxReader { worker: worker.clone() };
+    let wr = UcxWriter::new(worker.clone(), control_wr, writer_gone_tx);
     let info = SocketInfo { peer: peer.clone(), transport: "ucx", local };
     let inner: Arc<dyn Connection> = mux::establish(rd, wr, role, info, config).await.map_err(Failure::Mux)?;
-    let worker = Arc::new(worker);
     let rv = Arc::new(Rendezvous {
         worker: worker.clone(),
         next_tag: AtomicU64::new(1),
@@ -135,14 +148,45 @@ async fn establish(
         peer: peer.clone(),
         max_payload: u64::from(config.max_frame_payload),
     });
-    // The control socket's end is the connection's end: stop the worker,
-    // failing what UCX still has outstanding.
-    let (c, w) = (inner.clone(), worker.clone());
-    let watch = tokio::spawn(async move {
+    // Once the connection is closed and its writer has sent what it had
+    // (or given up), stop the worker, failing what UCX still has
+    // outstanding.
+    let (c, w) = (inner.clone(), worker);
+    tokio::spawn(async move {
         c.closed().await;
-        w.stop("the control connection closed");
+        let _ = tokio::time::timeout(WRITER_GRACE, writer_gone).await;
+        w.stop("the connection closed");
     });
-    Ok(Arc::new(UcxConnection { inner, rv, watch }))
+    Ok(Arc::new(UcxConnection { inner, rv }))
+}
+
+/// How long a closed connection's writer may take to hand over its last
+/// frames before the worker stops.
+const WRITER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads the control socket: the 8-byte count of frame-stream bytes the
+/// peer sent, written when it finished, then its end. An end without the
+/// count (a killed or failed peer) or anything else stops the worker.
+async fn watch_control(mut rd: OwnedReadHalf, worker: Weak<WorkerHandle>) {
+    let mut count = [0u8; 8];
+    let why = match rd.read_exact(&mut count).await {
+        Ok(_) => {
+            if let Some(w) = worker.upgrade() {
+                w.peer_finished(u64::from_le_bytes(count));
+            }
+            let mut more = [0u8; 1];
+            match rd.read(&mut more).await {
+                Ok(0) => return,
+                Ok(_) => "the peer wrote past its frame count on the control socket".to_string(),
+                Err(e) => format!("control socket: {e}"),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => "the peer closed the connection".to_string(),
+        Err(e) => format!("control socket: {e}"),
+    };
+    if let Some(w) = worker.upgrade() {
+        w.stop(&why);
+    }
 }
 
 enum Failure {
@@ -224,17 +268,18 @@ pub async fn listen(endpoint: &Endpoint, config: &TransportConfig) -> Result<Box
     Ok(Box::new(QueueListener::new(Box::new(UcxAccept(l)), config, endpoint.with_port(port), None)))
 }
 
-/// A mux connection whose large payloads travel through UCX.
+/// A mux connection over a UCP stream whose large payloads travel by
+/// rendezvous.
 struct UcxConnection {
     inner: Arc<dyn Connection>,
     rv: Arc<Rendezvous>,
-    watch: JoinHandle<()>,
 }
 
 impl Drop for UcxConnection {
     fn drop(&mut self) {
-        self.watch.abort();
-        self.rv.worker.stop("connection dropped");
+        // The mux says goodbye over the stream; the worker stops after
+        // (see `establish`).
+        self.inner.close("connection dropped");
     }
 }
 
@@ -260,7 +305,6 @@ impl Connection for UcxConnection {
 
     fn close(&self, reason: &str) {
         self.inner.close(reason);
-        self.rv.worker.stop(reason);
     }
 
     fn is_closed(&self) -> bool {

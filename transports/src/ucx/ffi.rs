@@ -26,6 +26,7 @@ pub(crate) const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
 pub(crate) const UCP_PARAM_FIELD_MT_WORKERS_SHARED: u64 = 1 << 5;
 pub(crate) const UCP_FEATURE_TAG: u64 = 1 << 0;
 pub(crate) const UCP_FEATURE_WAKEUP: u64 = 1 << 4;
+pub(crate) const UCP_FEATURE_STREAM: u64 = 1 << 5;
 
 pub(crate) const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: u64 = 1 << 0;
 pub(crate) const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: u64 = 1 << 1;
@@ -133,6 +134,10 @@ pub(crate) struct Api {
     pub ep_close_nbx: unsafe extern "C" fn(Ep, *const RequestParam) -> *mut c_void,
     pub tag_send_nbx: unsafe extern "C" fn(Ep, *const c_void, usize, u64, *const RequestParam) -> *mut c_void,
     pub tag_recv_nbx: unsafe extern "C" fn(Worker, *mut c_void, usize, u64, u64, *const RequestParam) -> *mut c_void,
+    pub stream_send_nbx: unsafe extern "C" fn(Ep, *const c_void, usize, *const RequestParam) -> *mut c_void,
+    pub stream_recv_data_nb: unsafe extern "C" fn(Ep, *mut usize) -> *mut c_void,
+    pub stream_data_release: unsafe extern "C" fn(Ep, *mut c_void),
+    pub ep_flush_nbx: unsafe extern "C" fn(Ep, *const RequestParam) -> *mut c_void,
     pub request_check_status: unsafe extern "C" fn(*mut c_void) -> Status,
     pub request_cancel: unsafe extern "C" fn(Worker, *mut c_void),
     pub request_free: unsafe extern "C" fn(*mut c_void),
@@ -273,6 +278,10 @@ fn load() -> Result<Api, String> {
         ep_close_nbx: sym!(ucp, "ucp_ep_close_nbx"),
         tag_send_nbx: sym!(ucp, "ucp_tag_send_nbx"),
         tag_recv_nbx: sym!(ucp, "ucp_tag_recv_nbx"),
+        stream_send_nbx: sym!(ucp, "ucp_stream_send_nbx"),
+        stream_recv_data_nb: sym!(ucp, "ucp_stream_recv_data_nb"),
+        stream_data_release: sym!(ucp, "ucp_stream_data_release"),
+        ep_flush_nbx: sym!(ucp, "ucp_ep_flush_nbx"),
         request_check_status: sym!(ucp, "ucp_request_check_status"),
         request_cancel: sym!(ucp, "ucp_request_cancel"),
         request_free: sym!(ucp, "ucp_request_free"),
@@ -333,7 +342,7 @@ fn init(api: &'static Api, tls: Option<&str>) -> Result<Context, String> {
         unsafe { std::mem::zeroed() }
     };
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
     let mut config: *mut c_void = std::ptr::null_mut();
     // SAFETY: null prefix and file: UCX reads UCX_* from the environment.

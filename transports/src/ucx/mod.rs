@@ -1,24 +1,28 @@
-//! `ucx://host:port`: the mux over a TCP control socket carries frame
-//! headers and small payloads; chunk payloads of at least
-//! [`UcxConfig::min_chunk_bytes`](crate::config::UcxConfig) travel through
-//! [UCX](https://openucx.org) as tagged messages, which UCX moves by
-//! rendezvous (the receiver posts its buffer, the bytes go by zero-copy
-//! get/put: RDMA on InfiniBand/RoCE NICs, a single `process_vm_readv` copy
-//! with `cma` on one host). UCX picks the transport from its environment
-//! (`UCX_TLS`, `UCX_NET_DEVICES`); with `UCX_TLS` unset, a peer on this host
-//! (same boot and namespaces, told by a token in the preamble) gets a
-//! worker limited to UCX's shared-memory transports.
+//! `ucx://host:port`: every frame (headers, small payloads, errors) travels
+//! through [UCX](https://openucx.org) as a UCP stream on the connection's
+//! endpoint, and chunk payloads of at least
+//! [`UcxConfig::min_chunk_bytes`](crate::config::UcxConfig) as tagged
+//! messages, which UCX moves by rendezvous (the receiver posts its buffer,
+//! the bytes go by zero-copy get/put: RDMA on InfiniBand/RoCE NICs, a single
+//! `process_vm_readv` copy with `cma` on one host). A TCP connection to
+//! `host:port` exchanges the two workers' addresses and then stays open as
+//! the control channel: each side's closing byte count, and a dead peer's
+//! end. UCX picks the transport from its environment (`UCX_TLS`,
+//! `UCX_NET_DEVICES`); with `UCX_TLS` unset, a peer on this host (same boot
+//! and namespaces, told by a token in the preamble) gets a worker limited to
+//! UCX's shared-memory transports.
 //!
 //! Files, by concern (imports go one way, down this list):
 //! * `ffi`: the hand-written UCP declarations, loaded with `dlopen`.
 //! * `worker`: a UCP worker and its endpoint on their own progress thread.
+//! * `stream`: the mux's byte stream over the UCP stream, and its close.
 //! * `rendezvous`: the streams, diverting large payloads to UCX.
 //! * `conn`: connect/listen, the address exchange, the [`Connection`](crate::Connection).
 //!
 //! This file only declares and re-exports.
 //!
 //! ## Why hand-written bindings loaded at run time
-//! The transport uses 17 UCP functions. `async-ucx`/`ucx1-sys` build UCX
+//! The transport uses 21 UCP functions. `async-ucx`/`ucx1-sys` build UCX
 //! from source (minutes of build, an old UCX, not the system's one that
 //! knows the cluster's NICs); `ucx-sys` and `bindgen` pull libclang into the
 //! build for declarations that fit on a page. The declarations here are
@@ -32,9 +36,18 @@
 //! ## Threads and progress
 //! Each connection has its own UCP worker, driven by a dedicated thread (a
 //! UCP worker is not thread-safe; one thread per worker keeps every call
-//! for it on that thread). The thread spins briefly after activity, then
-//! arms the worker and sleeps in `poll(2)` on the worker's event fd: an
-//! idle connection costs no CPU.
+//! for it on that thread). The thread keeps polling for
+//! [`UcxConfig::spin`](crate::config::UcxConfig) (50 µs) after the last
+//! activity, yielding the core every few polls, so that a reply within it
+//! costs no wake-up; then it arms the worker and sleeps in `poll(2)` on the
+//! worker's event fd: an idle connection costs no CPU. Tasks hand it
+//! commands through a queue and ring its eventfd only while it sleeps.
+//!
+//! Each frame crosses two threads per side (the task and the progress
+//! thread), where a socket's crosses one: measured on a 2-core VM,
+//! 4 KiB calls through the UCP stream took 27–34 µs at the median against
+//! 31–76 µs when the frames went over the TCP socket (before this design),
+//! because the spinning thread answers without a wake-up.
 //!
 //! ## Registrations
 //! UCX registers the buffers of rendezvous messages itself and caches the
@@ -53,6 +66,7 @@
 mod conn;
 mod ffi;
 mod rendezvous;
+mod stream;
 mod worker;
 
 pub use conn::{connect, listen};

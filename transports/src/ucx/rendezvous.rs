@@ -1,12 +1,12 @@
-//! The streams of a `ucx://` connection: frames go through the mux on the
-//! TCP control socket, except that a large uncompressed chunk's payload is
+//! The streams of a `ucx://` connection: frames go through the mux (over
+//! the UCP stream, see `stream`), except that a large uncompressed chunk's payload is
 //! handed to UCX as a tagged message and its frame travels without payload,
 //! naming the tag ([`Chunk::ucx_tag`](tensorwire_proto::v1::Chunk)).
 //!
 //! ```text
 //!   sender                                          receiver
 //!   ucp_tag_send_nbx(tag, payload)  ── RTS ──►   (UCX: unexpected until posted)
-//!   frame {chunk, ucx_tag: tag} ─── mux/TCP ───►  recv(): allocate raw_len,
+//!   frame {chunk, ucx_tag: tag} ─── mux ───────►  recv(): allocate raw_len,
 //!                                                 ucp_tag_recv_nbx(tag) ── GET/PUT (rendezvous)
 //!   send completes ◄──────────── ATS ──────────── receive completes: Payload::Bytes
 //! ```

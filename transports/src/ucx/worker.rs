@@ -17,11 +17,12 @@
 //! transfer can bypass its progress (otherwise leaked, counted in
 //! [`UcxStats::operations_abandoned`]), never freed under UCX.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,16 +31,28 @@ use tokio::sync::oneshot;
 use super::ffi::{self, Api, Ep, Worker};
 use crate::sync::lock;
 
-/// Spins of `ucp_worker_progress` without progress before sleeping.
+/// Polls of `ucp_worker_progress` without progress before sleeping, at
+/// least (see [`UcxConfig::spin`](crate::config::UcxConfig::spin)).
 const SPIN: u32 = 64;
 /// How long teardown waits for cancelled operations to complete.
 const TEARDOWN: Duration = Duration::from_secs(2);
+/// Frame-stream bytes pulled from UCX and not yet read by the connection's
+/// reader, beyond which the thread leaves further bytes with UCX until the
+/// reader catches up.
+const INBOX_MAX: usize = 4 << 20;
+/// How long the frame stream may take to deliver the bytes the peer said
+/// it sent before closing (a peer that lies about the count fails then).
+const END_GRACE: Duration = Duration::from_secs(10);
+/// No end of the frame stream announced yet.
+const NO_END: u64 = u64::MAX;
 
 static OUTSTANDING: AtomicU64 = AtomicU64::new(0);
 static BYTES_SENT: AtomicU64 = AtomicU64::new(0);
 static BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
 static WORKERS: AtomicU64 = AtomicU64::new(0);
 static ABANDONED: AtomicU64 = AtomicU64::new(0);
+static FRAME_BYTES_SENT: AtomicU64 = AtomicU64::new(0);
+static FRAME_BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 /// Process-wide counters of the UCX transport.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +69,10 @@ pub struct UcxStats {
     /// Operations UCX had not completed when their connection was torn
     /// down: failed, their buffers deliberately leaked.
     pub operations_abandoned: u64,
+    /// Frame-stream bytes (headers and small payloads) UCX completed.
+    pub frame_bytes_sent: u64,
+    /// Frame-stream bytes received through UCX.
+    pub frame_bytes_received: u64,
 }
 
 /// The counters now.
@@ -66,6 +83,8 @@ pub fn stats() -> UcxStats {
         bytes_received: BYTES_RECEIVED.load(Ordering::Relaxed),
         workers: WORKERS.load(Ordering::Relaxed),
         operations_abandoned: ABANDONED.load(Ordering::Relaxed),
+        frame_bytes_sent: FRAME_BYTES_SENT.load(Ordering::Relaxed),
+        frame_bytes_received: FRAME_BYTES_RECEIVED.load(Ordering::Relaxed),
     }
 }
 
@@ -146,24 +165,74 @@ pub(crate) enum Landed {
 }
 
 enum Cmd {
-    Send { tag: u64, data: Bytes, done: oneshot::Sender<Result<(), String>> },
-    Recv { tag: u64, target: RecvTarget, done: oneshot::Sender<RecvResult> },
+    Send {
+        tag: u64,
+        data: Bytes,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    Recv {
+        tag: u64,
+        target: RecvTarget,
+        done: oneshot::Sender<RecvResult>,
+    },
+    /// Frame-stream bytes (`ucp_stream_send_nbx`).
+    Stream {
+        data: Bytes,
+    },
+    /// Resolves once everything sent before it reached the peer
+    /// (`ucp_ep_flush_nbx`).
+    Flush {
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// Frame-stream bytes pulled from UCX, waiting for the connection's reader.
+#[derive(Default)]
+struct Inbox {
+    chunks: VecDeque<Bytes>,
+    /// Bytes in `chunks`.
+    queued: usize,
+    /// Bytes pulled from UCX since the start.
+    pulled: u64,
+    /// The reader waiting for bytes.
+    waker: Option<Waker>,
+    /// The stream is over: `Ok` at the end the peer announced, `Err` when
+    /// the worker stopped first.
+    end: Option<Result<(), String>>,
+}
+
+/// Frame-stream bytes handed to UCX and not yet completed.
+#[derive(Default)]
+struct Outbox {
+    pending: usize,
+    waker: Option<Waker>,
 }
 
 /// The handle tokio tasks hold.
 pub(crate) struct WorkerHandle {
     shared: Arc<Shared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// A task aborted when the worker goes (the control socket's watch).
+    attached: Mutex<Option<tokio::task::AbortHandle>>,
     /// This worker's address, for the peer's `ucp_ep_create`.
     pub(crate) address: Vec<u8>,
 }
 
 struct Shared {
-    queue: Mutex<Vec<Cmd>>,
+    /// Commands for the thread; None once it tore down (commands then
+    /// fail at once instead of waiting in a queue no one reads).
+    queue: Mutex<Option<Vec<Cmd>>>,
     wake: OwnedFd,
+    /// The thread sleeps (or is about to) in `poll(2)`: commands must ring.
+    sleeping: AtomicBool,
     stop: AtomicBool,
     /// Set by the endpoint's error handler or at teardown: why ops fail.
     failed: Mutex<Option<String>>,
+    inbox: Mutex<Inbox>,
+    outbox: Mutex<Outbox>,
+    /// Total frame-stream bytes the peer sent before finishing
+    /// ([`NO_END`] until it says).
+    end_after: AtomicU64,
 }
 
 impl Shared {
@@ -171,6 +240,32 @@ impl Shared {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(self.wake.as_raw_fd(), &one as *const u64 as *const c_void, 8) };
+    }
+
+    /// Rings only when the thread sleeps (or is about to): a spinning
+    /// thread sees the queue on its own. Pairs with the fence in
+    /// [`Progress::sleep`].
+    fn nudge(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.ring();
+        }
+    }
+
+    /// Ends the frame stream (the first reason given wins) and wakes both
+    /// of its sides.
+    fn end_stream(&self, end: Result<(), String>) {
+        let w = {
+            let mut inbox = lock(&self.inbox);
+            inbox.end.get_or_insert(end);
+            inbox.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+        if let Some(w) = lock(&self.outbox).waker.take() {
+            w.wake();
+        }
     }
 }
 
@@ -229,18 +324,30 @@ impl WorkerHandle {
             return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
         }
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Vec::new()),
+            queue: Mutex::new(Some(Vec::new())),
             // SAFETY: fd is a fresh descriptor we own.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             failed: Mutex::new(None),
+            inbox: Mutex::new(Inbox::default()),
+            outbox: Mutex::new(Outbox::default()),
+            end_after: AtomicU64::new(NO_END),
         });
-        let handle = WorkerHandle { shared: shared.clone(), thread: Mutex::new(None), address };
+        let handle =
+            WorkerHandle { shared: shared.clone(), thread: Mutex::new(None), attached: Mutex::new(None), address };
         Ok((handle, PendingWorker { raw: Some(raw), shared, peer: peer.to_string() }))
     }
 
     /// Connects to the peer worker at `peer_address` and starts progress.
-    pub(crate) fn connect(&self, mut pending: PendingWorker, peer_address: &[u8]) -> Result<(), String> {
+    /// `spin`: how long the thread keeps polling after activity before it
+    /// sleeps.
+    pub(crate) fn connect(
+        &self,
+        mut pending: PendingWorker,
+        peer_address: &[u8],
+        spin: Duration,
+    ) -> Result<(), String> {
         let Some(raw) = pending.raw.take() else { return Err("worker already started".into()) };
         let ep = match raw.ep_create(peer_address, Arc::as_ptr(&pending.shared) as *mut c_void) {
             Ok(ep) => ep,
@@ -255,7 +362,7 @@ impl WorkerHandle {
         let name = format!("tw-ucx {}", pending.peer);
         let t = std::thread::Builder::new()
             .name(name.chars().take(15).collect())
-            .spawn(move || Progress { raw, ep: ep.get(), shared, ops: HashMap::new(), next: 1 }.run())
+            .spawn(move || Progress { raw, ep: ep.get(), spin, shared, ops: HashMap::new(), next: 1 }.run())
             .map_err(|e| format!("cannot start the UCX progress thread: {e}"))?;
         *lock(&self.thread) = Some(t);
         Ok(())
@@ -282,8 +389,108 @@ impl WorkerHandle {
         if self.shared.stop.load(Ordering::Acquire) {
             return;
         }
-        lock(&self.shared.queue).push(cmd);
+        match lock(&self.shared.queue).as_mut() {
+            Some(q) => q.push(cmd),
+            // Torn down: dropping the command fails its caller.
+            None => return,
+        }
+        self.shared.nudge();
+    }
+
+    /// Hands frame-stream bytes to UCX (in order with earlier ones);
+    /// returns at once. Fails once the worker stopped.
+    pub(crate) fn stream_send(&self, data: Bytes) -> Result<(), String> {
+        if let Some(why) = self.failure() {
+            return Err(why);
+        }
+        lock(&self.shared.outbox).pending += data.len();
+        self.submit(Cmd::Stream { data });
+        Ok(())
+    }
+
+    /// Ready when fewer than `limit` frame-stream bytes wait for UCX;
+    /// fails once the worker stopped.
+    pub(crate) fn poll_stream_room(&self, cx: &mut Context<'_>, limit: usize) -> Poll<Result<(), String>> {
+        if let Some(why) = self.failure() {
+            return Poll::Ready(Err(why));
+        }
+        let mut out = lock(&self.shared.outbox);
+        if out.pending < limit {
+            return Poll::Ready(Ok(()));
+        }
+        out.waker = Some(cx.waker().clone());
+        drop(out);
+        // The thread may have failed (and woken no one) in between.
+        match self.failure() {
+            Some(why) => Poll::Ready(Err(why)),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Frame-stream bytes handed to UCX and not completed yet.
+    pub(crate) fn stream_pending(&self) -> usize {
+        lock(&self.shared.outbox).pending
+    }
+
+    /// Resolves once every operation started before it reached the peer.
+    pub(crate) fn flush(&self) -> oneshot::Receiver<Result<(), String>> {
+        let (done, rx) = oneshot::channel();
+        self.submit(Cmd::Flush { done });
+        rx
+    }
+
+    /// Copies received frame-stream bytes into `buf`; `Ok` with nothing
+    /// written at the end the peer announced, an error when the worker
+    /// stopped before it.
+    pub(crate) fn poll_stream_read(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let mut inbox = lock(&self.shared.inbox);
+        if inbox.chunks.is_empty() {
+            return match &inbox.end {
+                Some(Ok(())) => Poll::Ready(Ok(())),
+                Some(Err(why)) => {
+                    Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, why.clone())))
+                }
+                None => {
+                    inbox.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            };
+        }
+        let was_full = inbox.queued >= INBOX_MAX;
+        while buf.remaining() > 0 {
+            let Some(front) = inbox.chunks.front_mut() else { break };
+            let n = front.len().min(buf.remaining());
+            buf.put_slice(&front[..n]);
+            if n == front.len() {
+                inbox.chunks.pop_front();
+            } else {
+                bytes::Buf::advance(front, n);
+            }
+            inbox.queued -= n;
+        }
+        let refill = was_full && inbox.queued < INBOX_MAX;
+        drop(inbox);
+        if refill {
+            // The thread left bytes with UCX while the inbox was full.
+            self.shared.ring();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// The peer finished its frame stream after `total` bytes: the stream
+    /// ends once that many arrived.
+    pub(crate) fn peer_finished(&self, total: u64) {
+        self.shared.end_after.store(total, Ordering::Release);
         self.shared.ring();
+    }
+
+    /// Aborts `task` when this handle is dropped.
+    pub(crate) fn attach(&self, task: tokio::task::AbortHandle) {
+        *lock(&self.attached) = Some(task);
     }
 
     /// Why operations fail, once they do.
@@ -303,6 +510,9 @@ impl WorkerHandle {
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         self.stop("connection dropped");
+        if let Some(task) = lock(&self.attached).take() {
+            task.abort();
+        }
         if let Some(t) = lock(&self.thread).take() {
             // The thread only waits on UCX for at most TEARDOWN.
             let _ = t.join();
@@ -393,6 +603,8 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: Ep, status: ffi::Status)
 enum OpKind {
     Send { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
     Recv { target: RecvTarget, done: Option<oneshot::Sender<RecvResult>> },
+    Stream { data: Bytes },
+    Flush { done: Option<oneshot::Sender<Result<(), String>>> },
 }
 
 /// One operation UCX may still be working on.
@@ -409,6 +621,8 @@ struct Op {
 struct Progress {
     raw: Raw,
     ep: Ep,
+    /// How long to keep polling after the last activity before sleeping.
+    spin: Duration,
     shared: Arc<Shared>,
     ops: HashMap<u64, Box<Op>>,
     next: u64,
@@ -445,8 +659,10 @@ impl Progress {
             self.shared.stop.store(true, Ordering::Release);
         }
         let mut idle = 0u32;
+        let mut end_deadline = None;
+        let mut busy_at = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
-            let cmds = std::mem::take(&mut *lock(&self.shared.queue));
+            let cmds = lock(&self.shared.queue).as_mut().map(std::mem::take).unwrap_or_default();
             let had_cmds = !cmds.is_empty();
             for c in cmds {
                 self.start(c);
@@ -454,16 +670,27 @@ impl Progress {
             // SAFETY: live worker, on its own thread.
             let n = unsafe { (api.worker_progress)(self.raw.worker) };
             self.reap();
+            let pulled = self.pull();
+            self.check_end(&mut end_deadline);
             if lock(&self.shared.failed).is_some() {
                 break;
             }
-            if n > 0 || had_cmds {
+            if n > 0 || had_cmds || pulled {
                 idle = 0;
+                busy_at = Instant::now();
                 continue;
             }
             idle += 1;
-            if idle < SPIN {
+            // Spin (for latency) for `spin` after the last activity, at
+            // least SPIN polls, reading the clock and yielding the core every
+            // 16 polls (on a busy machine the tasks this thread serves need
+            // it more than the spin does).
+            if !idle.is_multiple_of(16) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if idle < SPIN || busy_at.elapsed() < self.spin {
+                std::thread::yield_now();
                 continue;
             }
             idle = 0;
@@ -483,6 +710,20 @@ impl Progress {
 
     /// Sleeps until UCX or a command needs the thread.
     fn sleep(&self, efd: libc::c_int) {
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `Shared::nudge`: either a submitter sees
+        // `sleeping` and rings, or this check sees its command.
+        fence(Ordering::SeqCst);
+        if lock(&self.shared.queue).as_ref().is_some_and(|q| !q.is_empty()) || self.shared.stop.load(Ordering::Acquire)
+        {
+            self.shared.sleeping.store(false, Ordering::SeqCst);
+            return;
+        }
+        self.poll_fds(efd);
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+    }
+
+    fn poll_fds(&self, efd: libc::c_int) {
         let mut fds = [
             libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: self.shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -497,10 +738,122 @@ impl Progress {
         }
     }
 
-    fn start(&mut self, cmd: Cmd) {
+    /// Pulls the frame-stream bytes UCX received into the inbox (while it
+    /// has room) and wakes the reader; true when any arrived.
+    fn pull(&mut self) -> bool {
         let api = self.raw.api;
+        let mut got = Vec::new();
+        let mut room = INBOX_MAX.saturating_sub(lock(&self.shared.inbox).queued);
+        while room > 0 {
+            let mut len = 0usize;
+            // SAFETY: live endpoint, on the worker's thread.
+            let p = unsafe { (api.stream_recv_data_nb)(self.ep, &mut len) };
+            if p.is_null() {
+                break;
+            }
+            if ffi::ptr_is_err(p) {
+                let why = format!("UCX stream receive failed: {}", ffi::status_str(api, ffi::ptr_status(p)));
+                lock(&self.shared.failed).get_or_insert(why);
+                break;
+            }
+            // SAFETY: UCX returned `len` readable bytes at `p`, ours until
+            // released just below.
+            got.push(Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(p as *const u8, len) }));
+            // SAFETY: data UCX handed out for this endpoint, released once.
+            unsafe { (api.stream_data_release)(self.ep, p) };
+            room = room.saturating_sub(len);
+        }
+        if got.is_empty() {
+            return false;
+        }
+        let w = {
+            let mut inbox = lock(&self.shared.inbox);
+            for b in got {
+                FRAME_BYTES_RECEIVED.fetch_add(b.len() as u64, Ordering::Relaxed);
+                inbox.pulled += b.len() as u64;
+                inbox.queued += b.len();
+                inbox.chunks.push_back(b);
+            }
+            inbox.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+        true
+    }
+
+    /// Ends the frame stream once the bytes the peer announced arrived;
+    /// fails the connection if more arrive, or if they do not within
+    /// [`END_GRACE`].
+    fn check_end(&self, deadline: &mut Option<Instant>) {
+        let total = self.shared.end_after.load(Ordering::Acquire);
+        if total == NO_END {
+            return;
+        }
+        let pulled = lock(&self.shared.inbox).pulled;
+        if pulled == total {
+            self.shared.end_stream(Ok(()));
+        } else if pulled > total {
+            lock(&self.shared.failed)
+                .get_or_insert_with(|| format!("the peer sent {pulled} frame bytes after announcing {total}"));
+        } else if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + END_GRACE) {
+            lock(&self.shared.failed).get_or_insert_with(|| {
+                format!("the peer announced {total} frame bytes but only {pulled} arrived within {END_GRACE:?}")
+            });
+        }
+    }
+
+    /// Starts a frame-stream send or a flush.
+    fn start_stream(&mut self, cmd: Cmd) {
+        let api = self.raw.api;
+        let (kind, ptr, len) = match cmd {
+            Cmd::Stream { data } => {
+                let (p, l) = (data.as_ptr() as *const c_void, data.len());
+                (OpKind::Stream { data }, p, l)
+            }
+            Cmd::Flush { done } => (OpKind::Flush { done: Some(done) }, std::ptr::null(), 0),
+            other => return self.start(other),
+        };
+        let is_flush = matches!(kind, OpKind::Flush { .. });
+        let mut op = Box::new(Op {
+            kind,
+            request: std::ptr::null_mut(),
+            result: None,
+            info: ffi::TagRecvInfo { sender_tag: 0, length: 0 },
+        });
+        let mut param = ffi::RequestParam::zeroed();
+        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+        param.user_data = &mut *op as *mut Op as *mut c_void;
+        param.cb = on_send as ffi::SendCb as *const c_void;
+        let r = if is_flush {
+            // SAFETY: live endpoint.
+            unsafe { (api.ep_flush_nbx)(self.ep, &param) }
+        } else {
+            // SAFETY: live endpoint; the bytes (the Bytes in op) stay alive
+            // and unmoved until the operation completes.
+            unsafe { (api.stream_send_nbx)(self.ep, ptr, len, &param) }
+        };
+        self.track(op, r, len);
+    }
+
+    /// Keeps an operation until UCX completes it (`r`: what the call
+    /// returned; `len`: its length should it have completed at once).
+    fn track(&mut self, mut op: Box<Op>, r: *mut c_void, len: usize) {
+        if r.is_null() {
+            op.result = Some((ffi::UCS_OK, len));
+        } else if ffi::ptr_is_err(r) {
+            op.result = Some((ffi::ptr_status(r), 0));
+        } else {
+            op.request = r;
+        }
         let id = self.next;
         self.next += 1;
+        OUTSTANDING.fetch_add(1, Ordering::Relaxed);
+        self.ops.insert(id, op);
+    }
+
+    fn start(&mut self, cmd: Cmd) {
+        let api = self.raw.api;
         let (kind, ptr, len, is_send, tag) = match cmd {
             Cmd::Send { tag, data, done } => {
                 let (p, l) = (data.as_ptr() as *mut c_void, data.len());
@@ -513,6 +866,7 @@ impl Progress {
                 };
                 (OpKind::Recv { target, done: Some(done) }, p, l, false, tag)
             }
+            other => return self.start_stream(other),
         };
         let mut op = Box::new(Op {
             kind,
@@ -537,17 +891,10 @@ impl Progress {
             // a full mask matches exactly this tag.
             unsafe { (api.tag_recv_nbx)(self.raw.worker, ptr, len, tag, u64::MAX, &param) }
         };
-        if r.is_null() {
-            // Completed at once; the callback is not called. A receive's
-            // length is in the recv_info UCX filled.
-            op.result = Some((ffi::UCS_OK, if is_send { len } else { op.info.length }));
-        } else if ffi::ptr_is_err(r) {
-            op.result = Some((ffi::ptr_status(r), 0));
-        } else {
-            op.request = r;
-        }
-        OUTSTANDING.fetch_add(1, Ordering::Relaxed);
-        self.ops.insert(id, op);
+        // Completed at once, the callback is not called; a receive's length
+        // is then in the recv_info UCX filled.
+        let len = if is_send { len } else { op.info.length };
+        self.track(op, r, len);
     }
 
     /// Hands completed operations back and frees their requests.
@@ -586,6 +933,28 @@ impl Progress {
                         let _ = d.send(r);
                     }
                 }
+                OpKind::Stream { ref data } => {
+                    match err {
+                        // A lost frame breaks the connection.
+                        Some(e) => drop(
+                            lock(&self.shared.failed).get_or_insert_with(|| format!("UCX stream send failed: {e}")),
+                        ),
+                        None => drop(FRAME_BYTES_SENT.fetch_add(data.len() as u64, Ordering::Relaxed)),
+                    }
+                    let w = {
+                        let mut out = lock(&self.shared.outbox);
+                        out.pending -= data.len();
+                        out.waker.take()
+                    };
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+                OpKind::Flush { ref mut done } => {
+                    if let Some(d) = done.take() {
+                        let _ = d.send(err.map_or(Ok(()), Err));
+                    }
+                }
             }
         }
     }
@@ -600,9 +969,10 @@ impl Progress {
     /// Cancels what is outstanding, closes the endpoint, destroys the worker.
     fn teardown(mut self) {
         let api = self.raw.api;
-        lock(&self.shared.failed).get_or_insert_with(|| "connection closed".into());
+        let why = lock(&self.shared.failed).get_or_insert_with(|| "connection closed".into()).clone();
+        self.shared.end_stream(Err(why));
         // Commands that arrived after the stop: fail them.
-        drop(std::mem::take(&mut *lock(&self.shared.queue)));
+        drop(lock(&self.shared.queue).take());
         // Receives not matched yet can be cancelled; sends and matched
         // receives are completed with an error by the forced close.
         for op in self.ops.values() {
@@ -642,8 +1012,9 @@ impl Progress {
         for op in &mut stuck {
             let why = "UCX operation abandoned: the connection closed".to_string();
             match &mut op.kind {
-                OpKind::Send { done, .. } => drop(done.take().map(|d| d.send(Err(why)))),
+                OpKind::Send { done, .. } | OpKind::Flush { done } => drop(done.take().map(|d| d.send(Err(why)))),
                 OpKind::Recv { done, .. } => drop(done.take().map(|d| d.send(Err(why)))),
+                OpKind::Stream { .. } => {}
             }
             OUTSTANDING.fetch_sub(1, Ordering::Relaxed);
         }
