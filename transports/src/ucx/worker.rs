@@ -211,7 +211,6 @@ struct Outbox {
 /// The handle tokio tasks hold.
 pub(crate) struct WorkerHandle {
     shared: Arc<Shared>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// A task aborted when the worker goes (the control socket's watch).
     attached: Mutex<Option<tokio::task::AbortHandle>>,
     /// This worker's address, for the peer's `ucp_ep_create`.
@@ -334,8 +333,7 @@ impl WorkerHandle {
             outbox: Mutex::new(Outbox::default()),
             end_after: AtomicU64::new(NO_END),
         });
-        let handle =
-            WorkerHandle { shared: shared.clone(), thread: Mutex::new(None), attached: Mutex::new(None), address };
+        let handle = WorkerHandle { shared: shared.clone(), attached: Mutex::new(None), address };
         Ok((handle, PendingWorker { raw: Some(raw), shared, peer: peer.to_string() }))
     }
 
@@ -360,11 +358,10 @@ impl WorkerHandle {
         let shared = pending.shared.clone();
         let ep = EpPtr(ep);
         let name = format!("tw-ucx {}", pending.peer);
-        let t = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || Progress { raw, ep: ep.get(), spin, shared, ops: HashMap::new(), next: 1 }.run())
             .map_err(|e| format!("cannot start the UCX progress thread: {e}"))?;
-        *lock(&self.thread) = Some(t);
         Ok(())
     }
 
@@ -513,10 +510,9 @@ impl Drop for WorkerHandle {
         if let Some(task) = lock(&self.attached).take() {
             task.abort();
         }
-        if let Some(t) = lock(&self.thread).take() {
-            // The thread only waits on UCX for at most TEARDOWN.
-            let _ = t.join();
-        }
+        // The thread tears down on its own (waiting on UCX for at most
+        // TEARDOWN): not joined, since the last handle is often dropped on
+        // a runtime thread that other connections need meanwhile.
     }
 }
 
@@ -660,7 +656,8 @@ impl Progress {
         }
         let mut idle = 0u32;
         let mut end_deadline = None;
-        let mut busy_at = Instant::now();
+        // When the thread last went idle (None while busy).
+        let mut idle_since: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::Acquire) {
             let cmds = lock(&self.shared.queue).as_mut().map(std::mem::take).unwrap_or_default();
             let had_cmds = !cmds.is_empty();
@@ -677,7 +674,7 @@ impl Progress {
             }
             if n > 0 || had_cmds || pulled {
                 idle = 0;
-                busy_at = Instant::now();
+                idle_since = None;
                 continue;
             }
             idle += 1;
@@ -689,7 +686,7 @@ impl Progress {
                 std::hint::spin_loop();
                 continue;
             }
-            if idle < SPIN || busy_at.elapsed() < self.spin {
+            if idle < SPIN || idle_since.get_or_insert_with(Instant::now).elapsed() < self.spin {
                 std::thread::yield_now();
                 continue;
             }
