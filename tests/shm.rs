@@ -262,6 +262,22 @@ mod offer {
         owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
     }
 
+    /// A doorbell as the client makes it: (sleeping end, ringing end).
+    pub fn doorbell() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: fds holds two ints for socketpair to fill.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        (owned(fds[0]), owned(fds[1]))
+    }
+
     pub fn pipe() -> OwnedFd {
         let mut fds = [0; 2];
         // SAFETY: fds holds two ints for pipe to fill.
@@ -291,10 +307,11 @@ mod offer {
         assert_eq!(n, 8);
     }
 
+    /// Rings a doorbell through its ringing end.
     pub fn signal(fd: &OwnedFd) {
-        let one = 1u64;
-        // SAFETY: writing 8 bytes to our eventfd.
-        assert_eq!(unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) }, 8);
+        let one = 1u8;
+        // SAFETY: sending 1 byte on our socket.
+        assert_eq!(unsafe { libc::send(fd.as_raw_fd(), &one as *const u8 as *const libc::c_void, 1, 0) }, 1);
     }
 
     /// Connects to `path` and sends `magic` with `fds` attached, as the offer does.
@@ -346,7 +363,12 @@ fn lying_offer(i: usize, path: &std::path::Path) -> Option<(&'static str, std::o
         m
     };
     let side = std::os::unix::net::UnixStream::pair().unwrap().0;
-    let events = [offer::eventfd(), offer::eventfd(), offer::eventfd(), offer::eventfd()];
+    // The server's ends of the four doorbells (it sleeps on client → server
+    // data and server → client room), and the client's.
+    let (c2s_data, c2s_room, s2c_data, s2c_room) =
+        (offer::doorbell(), offer::doorbell(), offer::doorbell(), offer::doorbell());
+    let events = [c2s_data.0, c2s_room.1, s2c_data.1, s2c_room.0];
+    let data_bell = c2s_data.1;
     let all = |region: &std::os::fd::OwnedFd, e: &[std::os::fd::OwnedFd; 4]| {
         [side.as_raw_fd(), region.as_raw_fd(), e[0].as_raw_fd(), e[1].as_raw_fd(), e[2].as_raw_fd(), e[3].as_raw_fd()]
     };
@@ -355,7 +377,7 @@ fn lying_offer(i: usize, path: &std::path::Path) -> Option<(&'static str, std::o
         1 => ("an unsealed region", offer::send(path, magic(1), &all(&offer::region(false), &events))),
         2 => {
             let pipes = [offer::pipe(), offer::pipe(), offer::pipe(), offer::pipe()];
-            ("pipes for eventfds", offer::send(path, magic(1), &all(&offer::region(true), &pipes)))
+            ("pipes for doorbells", offer::send(path, magic(1), &all(&offer::region(true), &pipes)))
         }
         3 => ("an unknown offer flag", offer::send(path, magic(2), &[side.as_raw_fd()])),
         4 => {
@@ -363,8 +385,13 @@ fn lying_offer(i: usize, path: &std::path::Path) -> Option<(&'static str, std::o
             let sock = offer::send(path, magic(1), &all(&region, &events));
             // The server now reads ring 0: claim more bytes than it holds, and wake it.
             offer::write_head(&region, (offer::CAP as u64) * 3);
-            offer::signal(&events[0]);
+            offer::signal(&data_bell);
             ("a producer position beyond the ring", sock)
+        }
+        5 => {
+            // What an earlier version offered: eventfds.
+            let efds = [offer::eventfd(), offer::eventfd(), offer::eventfd(), offer::eventfd()];
+            ("eventfds for doorbells", offer::send(path, magic(1), &all(&offer::region(true), &efds)))
         }
         _ => return None,
     })

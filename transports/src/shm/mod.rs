@@ -7,9 +7,9 @@
 //! ```text
 //!   client                                   server
 //!   connect(unix socket) ── "TWSHM\x01\x01" + SCM_RIGHTS(side channel end,
-//!                           ring region memfd, 4 eventfds) ─────────────►  checks, maps the rings
+//!                           ring region memfd, 4 doorbell ends) ────────►  checks, maps the rings
 //!   mux preface ◄══════════════ rings ══════════════════════════► mux preface
-//!   headers, small tensors ◄══ rings (spin, then sleep on an eventfd) ══►
+//!   headers, small tensors ◄══ rings (spin, then sleep on a doorbell) ══►
 //!   tensor ≥ 256 KiB: copy into a pooled segment (warmed ones: side channel NEW id + fd first)
 //!                     one chunk frame {shm_segment: id, raw_len} ══► view of the mapping
 //!                     ◄────────────── side channel TAKEN id, later RELEASED id
@@ -19,7 +19,9 @@
 //! - **Rings.** See the `ring` module: a small call is two memory copies and,
 //!   while traffic flows, no system call; a side with nothing to do spins
 //!   for [`ShmConfig::spin`](crate::config::ShmConfig) after the last bytes
-//!   moved, then sleeps until the other side writes its eventfd. With
+//!   moved, then sleeps until the other side rings its doorbell (a Unix
+//!   datagram socket pair; it never blocks the ringer, whatever the peer
+//!   does with its end). With
 //!   `ring_bytes = 0` or `?ring=0` the mux runs over the socket as before
 //!   (the offer's seventh byte says which).
 //! - **One copy.** The sender copies the tensor into a segment chunk by
@@ -47,7 +49,8 @@
 //!   against `fstat` and the receiver's limit before mapping, a frame can
 //!   only name a segment passed on its own connection and bytes inside it,
 //!   and a bounded number of segments per connection. A ring region must be
-//!   size-sealed and of an allowed shape, its wake-up descriptors eventfds;
+//!   size-sealed and of an allowed shape, its wake-up descriptors Unix
+//!   datagram sockets;
 //!   ring positions are checked on every read and write.
 //!
 //! `shm://name` listens on the abstract Unix socket `@tensorwire-shm-name`
@@ -101,7 +104,7 @@ pub(crate) fn socket_path(name: &str) -> std::path::PathBuf {
 const RING_FLAG: usize = 6;
 
 /// The rings of a connection, once offered or accepted: the mapping and
-/// the eventfds (see [`ring::EVENTFDS`]).
+/// this side's doorbell ends (see [`ring::EVENTFDS`]).
 pub(crate) type RingParts = (Arc<ring::Region>, [OwnedFd; ring::EVENTFDS]);
 
 /// What a client offered: its end of the side channel, and rings for the
@@ -190,7 +193,7 @@ pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer
         return Err(bad(format!(
             "shared-memory offer with {} descriptors attached, {want} expected (side channel{})",
             fds.len(),
-            if with_ring { ", ring region and eventfds" } else { "" }
+            if with_ring { ", ring region and doorbells" } else { "" }
         )));
     }
     let mut fds = fds.into_iter();

@@ -21,9 +21,11 @@
 //! - **Waking.** A side that finds nothing to do first spins (re-polls its
 //!   task, so other tasks still run) for [`ShmConfig::spin`] after the
 //!   connection's last activity, then sets its "waiting" word and sleeps
-//!   on an eventfd that the other side writes only when it sees that word
-//!   (a store, a full fence, a load on each side: no lost wake-ups). An
-//!   idle connection costs nothing; a busy one makes no system calls.
+//!   on a doorbell (a Unix datagram socket pair) that the other side rings
+//!   only when it sees that word (a store, a full fence, a load on each
+//!   side: no lost wake-ups). An idle connection costs nothing; a busy one
+//!   makes no system calls. Each side owns its ends' file descriptions and
+//!   never blocks on them (see `doorbell`).
 //! - **Liveness.** The Unix socket stays open beside the rings and carries
 //!   nothing: its end of stream tells a reader that the peer closed or
 //!   died, and its hang-up tells a writer waiting for room that nobody
@@ -442,37 +444,79 @@ impl Spin {
     }
 }
 
-/// A new non-blocking eventfd.
-fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd returns a new descriptor or -1.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-    // SAFETY: a new descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// A doorbell: a connected pair of Unix datagram sockets, `(sleeper,
+/// ringer)`. The sleeping side waits for its end to become readable and
+/// drains it; the other side sends one byte to wake it. Unlike an eventfd,
+/// whose single file description both processes would share (a peer could
+/// clear `O_NONBLOCK` on it and fill its counter, so that a wake-up blocks
+/// this side's thread), each end here is its own description, and every
+/// send and receive passes `MSG_DONTWAIT`: nothing the peer does with its
+/// end, or with a duplicate of ours, can make either call block.
+fn doorbell() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: socketpair writes two new descriptors into `fds` on success.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: two new descriptors that we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Wakes the side that sleeps on `fd` (an eventfd). Errors are ignored: a
-/// full counter already wakes it, and a descriptor that is not an eventfd
-/// was refused when the ring was set up.
+/// Rings the doorbell whose ringing end is `fd`. Errors are ignored: a
+/// full socket means the sleeper has wake-ups it has not read yet, and any
+/// other error is a peer that is gone (the liveness socket tells).
 fn signal(fd: &OwnedFd) {
-    // The peer shares the file description and could clear O_NONBLOCK and
-    // fill the counter to make this write block: write only while it is
-    // non-blocking. (A peer flipping it between the check and the write
-    // remains possible; futexes on the shared words would close that.)
-    // SAFETY: fcntl F_GETFL on our descriptor.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 || flags & libc::O_NONBLOCK == 0 {
-        return;
-    }
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes from a live u64 to our descriptor.
-    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    let one = 1u8;
+    // SAFETY: sends one byte from a live u8 on our descriptor.
+    unsafe {
+        libc::send(fd.as_raw_fd(), &one as *const u8 as *const libc::c_void, 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
 }
 
-/// Whether a descriptor the peer passed is an eventfd.
-fn is_eventfd(fd: &OwnedFd) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
-        .unwrap_or(false)
+/// Wake-ups one poll drains from a doorbell at most before it yields (a
+/// peer ringing without pause must not keep this task from returning).
+const DRAIN_MAX: usize = 64;
+
+/// Reads the wake-ups waiting on a doorbell's sleeping end; true when it is
+/// empty now (its readiness may be cleared).
+fn drain(fd: &OwnedFd) -> bool {
+    let mut buf = [0u8; 16];
+    for _ in 0..DRAIN_MAX {
+        // SAFETY: receives into a live buffer on our descriptor.
+        let n =
+            unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            // EAGAIN: empty. Any other error will not go away by reading.
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a descriptor the peer passed is a Unix datagram socket (a
+/// doorbell's end).
+fn is_doorbell(fd: &OwnedFd) -> bool {
+    let get = |opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into a live int of the right length.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && get(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
 }
 
 fn set_nonblocking(fd: RawFd) -> io::Result<()> {
@@ -484,25 +528,36 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// The eventfds of a connection's rings, in the order they are passed:
-/// client → server data and room, server → client data and room.
+/// The doorbells of a connection's rings, in this order: client → server
+/// data and room, server → client data and room. Each side holds one end
+/// of each: the sleeping end of those it waits on, the ringing end of the
+/// others.
 pub(crate) const EVENTFDS: usize = 4;
 
 /// What a client makes to offer rings: the region, its descriptor and the
-/// eventfds (all passed to the server with the offer).
+/// doorbells' ends for the server.
 pub(crate) struct RingOffer {
     region: Arc<Region>,
     /// The region's descriptor (closed once passed: both sides keep only the mapping).
     pub(crate) memfd: OwnedFd,
-    /// See [`EVENTFDS`].
+    /// The server's ends, passed with the offer (see [`EVENTFDS`]).
     pub(crate) events: [OwnedFd; EVENTFDS],
+    /// The client's ends.
+    mine: [OwnedFd; EVENTFDS],
 }
 
 impl RingOffer {
-    /// A new region of `cap` bytes per direction and its eventfds.
+    /// A new region of `cap` bytes per direction and its doorbells.
     pub(crate) fn new(cap: usize) -> io::Result<Self> {
         let (region, memfd) = Region::create(cap)?;
-        Ok(Self { region, memfd, events: [eventfd()?, eventfd()?, eventfd()?, eventfd()?] })
+        // (sleeper, ringer) of each; the server sleeps on c2s data and s2c room.
+        let (c2s_data, c2s_room, s2c_data, s2c_room) = (doorbell()?, doorbell()?, doorbell()?, doorbell()?);
+        Ok(Self {
+            region,
+            memfd,
+            events: [c2s_data.0, c2s_room.1, s2c_data.1, s2c_room.0],
+            mine: [c2s_data.1, c2s_room.0, s2c_data.0, s2c_room.1],
+        })
     }
 }
 
@@ -568,17 +623,17 @@ pub(crate) fn accept(
 ) -> Result<(Arc<Region>, [OwnedFd; EVENTFDS]), String> {
     let region = Region::map_peer(&memfd)?;
     for e in &events {
-        if !is_eventfd(e) {
-            return Err("a ring wake-up descriptor is not an eventfd".into());
+        if !is_doorbell(e) {
+            return Err("a ring wake-up descriptor is not a Unix datagram socket (a peer of another version?)".into());
         }
         set_nonblocking(e.as_raw_fd()).map_err(|e| format!("fcntl: {e}"))?;
     }
     Ok((region, events))
 }
 
-/// Client side: the region and eventfds to build halves from, once offered.
+/// Client side: the region and doorbell ends to build halves from, once offered.
 pub(crate) fn offered(offer: RingOffer) -> (Arc<Region>, [OwnedFd; EVENTFDS]) {
-    (offer.region, offer.events)
+    (offer.region, offer.mine)
 }
 
 /// The reading half: the mux reader's byte stream.
@@ -658,9 +713,13 @@ impl AsyncRead for RingReader {
             }
             match this.data.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
-                    // Not read: the peer shares the eventfd's file description and
-                    // could make it blocking. Each write is an edge; clear and look.
-                    g.clear_ready();
+                    if drain(g.get_ref().get_ref()) {
+                        g.clear_ready();
+                    } else {
+                        // A peer ringing without pause: let other tasks run.
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                     continue;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -751,9 +810,13 @@ impl AsyncWrite for RingWriter {
             }
             match this.room.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
-                    // Not read: the peer shares the eventfd's file description and
-                    // could make it blocking. Each write is an edge; clear and look.
-                    g.clear_ready();
+                    if drain(g.get_ref().get_ref()) {
+                        g.clear_ready();
+                    } else {
+                        // A peer ringing without pause: let other tasks run.
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                     continue;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -919,6 +982,51 @@ mod tests {
             let e = Region::map_peer(&memfd(len, true)).err().unwrap();
             assert!(e.contains("power of two"), "{len}: {e}");
         }
+    }
+
+    /// A wake-up never blocks this side: not when the sleeper never reads
+    /// (its socket fills), nor when the peer clears `O_NONBLOCK` on a
+    /// description it shares with us (an eventfd's weakness).
+    #[test]
+    fn a_doorbell_never_blocks_its_ringer_and_drains_in_bounded_steps() {
+        let (sleeper, ringer) = doorbell().unwrap();
+        assert!(is_doorbell(&sleeper) && is_doorbell(&ringer));
+        // What a hostile peer holding the same description could do.
+        // SAFETY: fcntl on our own descriptor.
+        unsafe {
+            let flags = libc::fcntl(ringer.as_raw_fd(), libc::F_GETFL);
+            assert_eq!(libc::fcntl(ringer.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // Far more than the socket buffer holds.
+            for _ in 0..100_000 {
+                signal(&ringer);
+            }
+            done_tx.send(()).unwrap();
+            ringer
+        });
+        done_rx.recv_timeout(Duration::from_secs(20)).expect("a ring blocked");
+        let ringer = t.join().unwrap();
+        // Full: one drain takes at most DRAIN_MAX, so several are needed.
+        assert!(!drain(&sleeper));
+        let mut steps = 1;
+        while !drain(&sleeper) {
+            steps += 1;
+            assert!(steps < 100_000, "the doorbell never emptied");
+        }
+        signal(&ringer);
+        assert!(drain(&sleeper));
+        // An eventfd (what an earlier version passed) is not a doorbell.
+        assert!(!is_doorbell(&eventfd_for_test()));
+    }
+
+    fn eventfd_for_test() -> OwnedFd {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor this test owns.
+        unsafe { OwnedFd::from_raw_fd(fd) }
     }
 
     /// Both ends of a ring connection in this process, over a socket pair.
