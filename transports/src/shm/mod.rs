@@ -151,9 +151,13 @@ fn is_offer(buf: &[u8; 8]) -> Option<bool> {
 
 /// Server side: if the client's first bytes are the offer, consumes them
 /// and returns what it passed (checked: a ring region of allowed size and
-/// eventfds); otherwise leaves the socket as it was (a plain mux client).
+/// doorbells); otherwise leaves the socket as it was (a plain mux client).
 pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer>> {
     let mut buf = [0u8; 8];
+    // A partial offer (a client sends it whole, so only a hostile or stalled
+    // one leaves it partial) is looked at again after a growing pause, not
+    // every millisecond until the handshake times out.
+    let mut pause = std::time::Duration::from_millis(1);
     let with_ring = loop {
         s.readable().await?;
         let peeked = s.try_io(tokio::io::Interest::READABLE, || {
@@ -166,7 +170,8 @@ pub(crate) async fn accept_offer(s: &UnixStream) -> std::io::Result<Option<Offer
             Ok(0) => return Ok(None),
             Ok(n) if n < MAGIC.len() && buf[..n.min(RING_FLAG)] == MAGIC[..n.min(RING_FLAG)] => {
                 // The offer is sent whole; wait for the rest of it.
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 continue;
             }
             Ok(n) if n == MAGIC.len() => match is_offer(&buf) {
