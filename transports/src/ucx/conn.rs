@@ -133,8 +133,11 @@ async fn establish(
     let local = s.peer_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
     let worker = Arc::new(worker);
     let (control_rd, control_wr) = s.into_split();
-    // The control socket's reading side: the peer's frame count, then its end.
-    let watch = tokio::spawn(watch_control(control_rd, Arc::downgrade(&worker)));
+    // The control socket's reading side: the peer's frame count, then its
+    // end; let go of once the connection is over (with the writing side,
+    // which the writer holds, that closes the socket: the peer's signal).
+    let (over_tx, over_rx) = oneshot::channel::<()>();
+    let watch = tokio::spawn(watch_control(control_rd, Arc::downgrade(&worker), over_rx));
     worker.attach(watch.abort_handle());
     let (writer_gone_tx, writer_gone) = oneshot::channel::<()>();
     let rd = UcxReader { worker: worker.clone() };
@@ -156,6 +159,7 @@ async fn establish(
         c.closed().await;
         let _ = tokio::time::timeout(WRITER_GRACE, writer_gone).await;
         w.stop("the connection closed");
+        drop(over_tx);
     });
     Ok(Arc::new(UcxConnection { inner, rv }))
 }
@@ -164,10 +168,18 @@ async fn establish(
 /// frames before the worker stops.
 const WRITER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Reads the control socket: the 8-byte count of frame-stream bytes the
-/// peer sent, written when it finished, then its end. An end without the
-/// count (a killed or failed peer) or anything else stops the worker.
-async fn watch_control(mut rd: OwnedReadHalf, worker: Weak<WorkerHandle>) {
+/// Reads the control socket until the connection is `over`: the 8-byte
+/// count of frame-stream bytes the peer sent, written when it finished,
+/// then its end. An end without the count (a killed or failed peer) or
+/// anything else stops the worker.
+async fn watch_control(mut rd: OwnedReadHalf, worker: Weak<WorkerHandle>, over: oneshot::Receiver<()>) {
+    tokio::select! {
+        _ = over => {}
+        _ = read_control(&mut rd, &worker) => {}
+    }
+}
+
+async fn read_control(rd: &mut OwnedReadHalf, worker: &Weak<WorkerHandle>) {
     let mut count = [0u8; 8];
     let why = match rd.read_exact(&mut count).await {
         Ok(_) => {
