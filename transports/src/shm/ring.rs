@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::segment::{cvt, unix_pair};
+
 /// Producer position (bytes ever written), written by the producer only.
 const HEAD: usize = 0;
 /// Consumer position (bytes ever read), written by the consumer only.
@@ -73,10 +75,6 @@ impl From<Corrupt> for io::Error {
     fn from(c: Corrupt) -> Self {
         io::Error::new(io::ErrorKind::InvalidData, c)
     }
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
 
 /// The shared mapping of both rings.
@@ -453,18 +451,7 @@ impl Spin {
 /// send and receive passes `MSG_DONTWAIT`: nothing the peer does with its
 /// end, or with a duplicate of ours, can make either call block.
 fn doorbell() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: socketpair writes two new descriptors into `fds` on success.
-    cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: two new descriptors that we own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    unix_pair(libc::SOCK_DGRAM)
 }
 
 /// Rings the doorbell whose ringing end is `fd`. Errors are ignored: a

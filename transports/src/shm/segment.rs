@@ -176,7 +176,8 @@ impl PeerSegments {
     }
 }
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+/// A libc return value as a result (negative: the OS error).
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
 
@@ -186,15 +187,15 @@ fn cvt_size(r: isize) -> io::Result<usize> {
 
 /// A `SOCK_SEQPACKET` socket pair (close-on-exec, non-blocking).
 pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    unix_pair(libc::SOCK_SEQPACKET)
+}
+
+/// A connected pair of Unix sockets of `kind` (close-on-exec, non-blocking).
+pub(crate) fn unix_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
     cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-            fds.as_mut_ptr(),
-        )
+        libc::socketpair(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0, fds.as_mut_ptr())
     })?;
     // SAFETY: socketpair succeeded, so both descriptors are open and ours.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })

@@ -800,6 +800,23 @@ impl Progress {
         }
     }
 
+    /// A boxed operation of `kind` and the request parameters that name it
+    /// (as `user_data`) with `cb` as its completion callback.
+    fn new_op(kind: OpKind, cb: *const c_void) -> (Box<Op>, ffi::RequestParam) {
+        let mut op = Box::new(Op {
+            kind,
+            request: std::ptr::null_mut(),
+            result: None,
+            info: ffi::TagRecvInfo { sender_tag: 0, length: 0 },
+        });
+        let mut param = ffi::RequestParam::zeroed();
+        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+        // The box's heap address: stable however the box moves.
+        param.user_data = &mut *op as *mut Op as *mut c_void;
+        param.cb = cb;
+        (op, param)
+    }
+
     /// Starts a frame-stream send or a flush.
     fn start_stream(&mut self, cmd: Cmd) {
         let api = self.raw.api;
@@ -812,16 +829,7 @@ impl Progress {
             other => return self.start(other),
         };
         let is_flush = matches!(kind, OpKind::Flush { .. });
-        let mut op = Box::new(Op {
-            kind,
-            request: std::ptr::null_mut(),
-            result: None,
-            info: ffi::TagRecvInfo { sender_tag: 0, length: 0 },
-        });
-        let mut param = ffi::RequestParam::zeroed();
-        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
-        param.user_data = &mut *op as *mut Op as *mut c_void;
-        param.cb = on_send as ffi::SendCb as *const c_void;
+        let (op, param) = Self::new_op(kind, on_send as ffi::SendCb as *const c_void);
         let r = if is_flush {
             // SAFETY: live endpoint.
             unsafe { (api.ep_flush_nbx)(self.ep, &param) }
@@ -865,22 +873,14 @@ impl Progress {
             }
             other => return self.start_stream(other),
         };
-        let mut op = Box::new(Op {
-            kind,
-            request: std::ptr::null_mut(),
-            result: None,
-            info: ffi::TagRecvInfo { sender_tag: 0, length: 0 },
-        });
-        let mut param = ffi::RequestParam::zeroed();
-        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
-        param.user_data = &mut *op as *mut Op as *mut c_void;
+        let cb =
+            if is_send { on_send as ffi::SendCb as *const c_void } else { on_recv as ffi::RecvCb as *const c_void };
+        let (mut op, mut param) = Self::new_op(kind, cb);
         let r = if is_send {
-            param.cb = on_send as ffi::SendCb as *const c_void;
             // SAFETY: live endpoint; the buffer (the Bytes in op) stays
             // alive and unmoved (boxed) until the operation completes.
             unsafe { (api.tag_send_nbx)(self.ep, ptr, len, tag, &param) }
         } else {
-            param.cb = on_recv as ffi::RecvCb as *const c_void;
             param.op_attr_mask |= ffi::UCP_OP_ATTR_FIELD_RECV_INFO;
             param.recv_info = &mut op.info as *mut ffi::TagRecvInfo as *mut c_void;
             // SAFETY: live worker; the buffer (the Vec in op, heap memory
