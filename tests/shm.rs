@@ -1,6 +1,7 @@
 //! Shared memory: `shm://` and `unix://` upgraded to it, bit-exact from
-//! 1 byte to 1 GiB in every direction, cleanup after a peer is killed, and
-//! frames that lie about segments.
+//! 1 byte to 1 GiB in every direction, cleanup after a peer is killed,
+//! frames that lie about segments, and a peer that overwrites the shared
+//! memory itself.
 
 mod common;
 
@@ -435,4 +436,113 @@ async fn frames_go_through_the_socket_when_rings_are_refused() {
             assert_same(&t, &c.fetch_one(&format!("r{i}-{n}")).await.unwrap());
         }
     }
+}
+
+/// Makes `child_process_scribbler` act.
+const CHILD_SCRIBBLE: &str = "TENSORWIRE_TEST_SHM_CHILD_SCRIBBLE";
+
+/// Overwrites every shared memfd mapping of this process (the segments it
+/// shares with its peer, and the rings when `rings`) with `byte`, and tries to shrink
+/// every memfd it holds; returns (mappings written, files shrunk).
+fn scribble_shared_memory(byte: u8, rings: bool) -> (usize, usize) {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    // Through /proc/self/mem: a mapping this process's transport unmaps in
+    // the meantime is an error here, not a crash of the attacker.
+    let mem = std::fs::OpenOptions::new().write(true).open("/proc/self/mem").unwrap();
+    let mut written = 0;
+    for l in maps.lines().filter(|l| l.contains("/memfd:") && (rings || !l.contains("/memfd:tensorwire-ring"))) {
+        let mut f = l.split_whitespace();
+        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        let junk = vec![byte; (b - a) as usize];
+        written += usize::from(mem.write_all_at(&junk, a).is_ok());
+    }
+    let mut shrunk = 0;
+    for e in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
+        let is_memfd = std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"));
+        let fd = e.file_name().to_string_lossy().parse::<i32>();
+        if let (true, Ok(fd)) = (is_memfd, fd) {
+            // SAFETY: truncating a descriptor of this process (sealed ones refuse).
+            shrunk += usize::from(unsafe { libc::ftruncate(fd, 0) } == 0);
+        }
+    }
+    (written, shrunk)
+}
+
+/// Run as a child process: a hostile peer on the same host that, after a
+/// first send and fetch, keeps overwriting all the shared memory it maps
+/// (rings, segments) and tries to shrink it, while it sends and fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_process_scribbler() {
+    let Ok(url) = std::env::var(CHILD_SCRIBBLE) else { return };
+    let client = Client::connect(&url).await.unwrap();
+    let t = random_tensor(DType::UInt8, &[64 << 20], 1).unwrap().with_name("mine");
+    client.send(vec![t.clone()]).await.unwrap();
+    let held = client.fetch_one("mine").await.unwrap();
+    // First segments only (so that the connection lives on and lends more),
+    // then the rings too: everything shared, again and again, while this
+    // process sends (into segments the server lends) and fetches.
+    let start = std::time::Instant::now();
+    let scribbler = std::thread::spawn(move || {
+        let (mut segments, mut all, mut shrunk_any, mut byte) = (0, 0, 0, 0xffu8);
+        while start.elapsed() < Duration::from_secs(2) {
+            let rings = start.elapsed() > Duration::from_secs(1);
+            let (written, shrunk) = scribble_shared_memory(byte, rings);
+            let most = if rings { &mut all } else { &mut segments };
+            *most = written.max(*most);
+            shrunk_any = shrunk_any.max(shrunk);
+            byte = byte.wrapping_add(37);
+        }
+        (segments, all, shrunk_any)
+    });
+    while start.elapsed() < Duration::from_secs(2) {
+        let _ = tokio::time::timeout(Duration::from_millis(300), client.send(vec![t.clone()])).await;
+        let _ = tokio::time::timeout(Duration::from_millis(300), client.fetch_one("mine")).await;
+    }
+    let (segments, all, shrunk) = scribbler.join().unwrap();
+    println!("\nSCRIBBLED {segments} segments, {all} mappings with the rings, shrunk {shrunk} files");
+    drop(held);
+    std::process::exit(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_scribbling_over_shared_memory_cannot_bring_the_server_down() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "shm").await;
+    let url = server.url();
+    // Another client's connection and acknowledged tensor, before the attack.
+    let other = Client::connect(&url).await.unwrap();
+    let kept = random_tensor(DType::Float32, &[1 << 20], 5).unwrap().with_name("kept");
+    other.send(vec![kept.clone()]).await.unwrap();
+
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_process_scribbler", "--nocapture", "--test-threads=1"])
+            .env(CHILD_SCRIBBLE, &url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("SCRIBBLED"))
+        .unwrap_or_else(|| panic!("child: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    println!("{line}");
+    let n = |i: usize| line.split_whitespace().nth(i).and_then(|w| w.parse::<usize>().ok()).unwrap();
+    assert!(n(1) >= 1 && n(3) >= 1, "the child wrote over no segment or no ring: {line}");
+    assert!(line.ends_with("shrunk 0 files"), "a shared segment could be shrunk: {line}");
+
+    // The other connection still works, its acknowledged tensor is intact,
+    // and a new client is served.
+    assert_same(&kept, &other.fetch_one("kept").await.unwrap());
+    let t = random_tensor(DType::UInt8, &[8 << 20], 3).unwrap().with_name("after");
+    other.send(vec![t.clone()]).await.unwrap();
+    let c = Client::connect(&server.url()).await.unwrap();
+    assert_same(&t, &c.fetch_one("after").await.unwrap());
 }

@@ -56,6 +56,15 @@
 //! freed after UCX reported its operation complete, so no registration
 //! outlives its memory.
 //!
+//! ## Trust
+//! Every frame from the peer is checked as on any transport, but UCX itself
+//! trusts its peer: over shared memory the peer writes UCX's own queues, and
+//! a hostile one brought a test server down (overwritten System V segments:
+//! UCX aborts on an assertion; shrunk POSIX segments: SIGBUS). `ucx://` is
+//! for peers that trust each other (a cluster's processes); `shm://`
+//! checks everything it reads from shared memory, `tcp://`/`tcps://`
+//! everything from the socket.
+//!
 //! ## Not done
 //! GPU memory: with feature `cuda`, tensors on the device go through
 //! pinned host memory (no `UCS_MEMORY_TYPE_CUDA` registration yet).
