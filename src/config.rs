@@ -70,6 +70,11 @@ pub fn default_max_connections() -> usize {
 /// it on the control socket), so 1 MiB chunks spend more time in those
 /// round trips than in moving bytes; 16 MiB ones amortise them.
 pub(crate) const UCX_CHUNK_BYTES: usize = 16 << 20;
+/// Over `ucx://`, a tensor's first chunk is at most this: it travels by
+/// tag and, for a large tensor on shared memory, asks the receiver for
+/// memory to put the rest into (see `tensorwire_transports::ucx`), so a
+/// small one starts the puts sooner.
+pub(crate) const UCX_FIRST_CHUNK_BYTES: usize = 1 << 20;
 
 /// Small frames are held back and leave together once this many payload
 /// bytes are pending (a small call is then one write on each side).

@@ -15,7 +15,9 @@ use common::*;
 use tensorwire::builtins::random_tensor;
 use tensorwire::{Client, DType, ServerConfig};
 use tensorwire_proto::v1::{self, frame_header::Kind};
-use tensorwire_transports::{self as transports, Frame, FrameHeader, StreamKind, TransportConfig, ucx};
+use tensorwire_transports::{
+    self as transports, Frame, FrameHeader, Payload, Placement, RecvBuf, StreamKind, TransportConfig, ucx,
+};
 
 /// Makes `child_process_client` send to this URL.
 const CHILD_URL: &str = "TENSORWIRE_TEST_UCX_CHILD_URL";
@@ -64,9 +66,18 @@ async fn large_payloads_travel_through_ucx_bit_exact() {
     assert_same(&t, &client.fetch_one("big").await.unwrap());
     let after = ucx::stats();
     // Both directions of 64 MiB went through UCX (client and server share
-    // this process, so each byte counts once sent and once received).
-    assert!(after.bytes_received >= before.bytes_received + 2 * (64 << 20), "{before:?} -> {after:?}");
+    // this process, so each byte counts once sent and once received or
+    // put). With shared-memory transports only, all but the first chunk of
+    // each direction went by put into memory the receiver granted.
+    let received = |s: &ucx::UcxStats| s.bytes_received + s.bytes_put;
+    assert!(received(&after) >= received(&before) + 2 * (64 << 20), "{before:?} -> {after:?}");
     assert!(after.bytes_sent >= before.bytes_sent + 2 * (64 << 20), "{before:?} -> {after:?}");
+    if ucx::ucx_puts(true).unwrap() {
+        assert_eq!(after.grants, before.grants + 2, "{before:?} -> {after:?}");
+        assert!(after.bytes_put >= before.bytes_put + 2 * (32 << 20), "{before:?} -> {after:?}");
+    } else {
+        assert_eq!((after.grants, after.bytes_put), (before.grants, before.bytes_put));
+    }
     // Small tensors travel inside frames, and frames through UCX's stream
     // (not the TCP control socket).
     let small = random_tensor(DType::UInt8, &[1000], 1).unwrap().with_name("small");
@@ -107,12 +118,14 @@ async fn a_sender_killed_mid_rendezvous_leaves_nothing_behind() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Kill it while a 256 MiB tensor is half through UCX.
-    let start = ucx::stats().bytes_received;
-    let moving = eventually(|| ucx::stats().bytes_received > start + (BIG as u64) / 2).await;
+    // Kill it while a 256 MiB tensor is half through UCX (by tag or put:
+    // the server counts what arrived either way).
+    let start = server.info().bytes_received;
+    let moving = eventually(|| server.info().bytes_received > start + (BIG as u64) / 2).await;
     kid.kill().unwrap();
     kid.wait().unwrap();
     assert!(moving, "the child sent nothing through UCX: {:?}", ucx::stats());
+    assert!(ucx::stats().grants > 0 || !ucx::ucx_puts(true).unwrap(), "no puts: {:?}", ucx::stats());
 
     // The server side of the dead connection is released: no UCX operation
     // holds a buffer, its worker is gone, descriptors are back.
@@ -270,20 +283,23 @@ async fn bad_preambles_are_refused_and_the_next_client_is_served() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
     let authority = server.url().trim_start_matches("ucx://").to_string();
-    let mut huge_token = b"TWUCX\x03\0\0".to_vec();
+    let mut huge_token = b"TWUCX\x04\0\0".to_vec();
     huge_token.extend_from_slice(&u16::MAX.to_le_bytes());
-    let mut zero_address = b"TWUCX\x03\0\0\x01\0x".to_vec();
+    let mut zero_address = b"TWUCX\x04\0\0\x01\0x".to_vec();
     zero_address.extend_from_slice(&0u32.to_le_bytes());
-    let previous_version = b"TWUCX\x02\0\0\x10\0\0\0".to_vec();
+    let previous_version = b"TWUCX\x03\0\0\x10\0\0\0".to_vec();
+    let older_version = b"TWUCX\x02\0\0\x10\0\0\0".to_vec();
     let first_version = b"TWUCX\x01\0\0\x10\0\0\0".to_vec();
-    for bad in [previous_version, first_version, huge_token, zero_address, b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+    for bad in
+        [previous_version, older_version, first_version, huge_token, zero_address, b"GET / HTTP/1.1\r\n\r\n".to_vec()]
+    {
         let mut s = tokio::net::TcpStream::connect(&authority).await.unwrap();
         s.write_all(&bad).await.unwrap();
         // The server hangs up (after its own hello at most), never waits.
         let mut seen = Vec::new();
         let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen)).await;
         assert!(end.is_ok(), "the server kept a connection that sent {bad:?}");
-        assert!(!seen.starts_with(b"TWUCX") || seen.starts_with(b"TWUCX\x03"), "{seen:?}");
+        assert!(!seen.starts_with(b"TWUCX") || seen.starts_with(b"TWUCX\x04"), "{seen:?}");
     }
     let client = Client::connect(&server.url()).await.unwrap();
     let t = random_tensor(DType::UInt8, &[1 << 20], 3).unwrap().with_name("after");
@@ -384,4 +400,124 @@ async fn a_close_reaches_the_peer_with_its_reason_and_releases_the_workers() {
     drop((tx, rx, inc, client, server));
     assert!(eventually(|| ucx::stats().workers == workers).await, "{:?}", ucx::stats());
     assert!(eventually(|| open_fds() <= fds).await, "{} descriptors, {fds} before: {:?}", open_fds(), fd_listing());
+}
+
+/// Puts land only in memory the receiver granted: a frame claiming a put
+/// without a grant, or outside the granted tensor, is refused; an ask the
+/// reader does not answer by placing the tensor is refused and the rest of
+/// the tensor comes by tag; a granted tensor arrives bit-exact in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_land_only_in_granted_memory() {
+    // Over UCX's tcp, puts would be emulated in software: tensors keep the
+    // tagged rendezvous (and the receiver never grants).
+    let puts = ucx::ucx_puts(true).unwrap();
+    let mut cfg = TransportConfig::default();
+    cfg.ucx.rendezvous_timeout = Duration::from_secs(5);
+    cfg.ucx.min_put_bytes = 4 << 20;
+    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
+    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
+    let url = listener.local_endpoint();
+    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
+    let (client, server) = (client.unwrap(), server.unwrap());
+    const TOTAL: usize = 8 << 20;
+    const PART: usize = 1 << 20;
+    let data: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 251) as u8).collect();
+    let chunk = |index: u32, offset: usize, raw_len: usize, put: bool, payload: &[u8]| {
+        let c = v1::Chunk {
+            tensor_id: 1,
+            index,
+            offset: offset as u64,
+            total_bytes: TOTAL as u64,
+            raw_len: raw_len as u64,
+            last: offset + raw_len == TOTAL,
+            ucx_put: put,
+            compression: v1::Compression::None as i32,
+            ..Default::default()
+        };
+        Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.to_vec().into() }
+    };
+    let before = ucx::stats();
+
+    // Granted: the first chunk asks, the receiver places the tensor, the
+    // rest is put, bit-exact, and counted (placed by tag without puts).
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    let send = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            let frames: Vec<Frame> =
+                (0..TOTAL / PART).map(|i| chunk(i as u32, i * PART, PART, false, &data[i * PART..][..PART])).collect();
+            tx.send_batch(frames, true).await
+        })
+    };
+    let mut inc = server.accept().await.unwrap();
+    let first = inc.recv.recv().await.unwrap().unwrap();
+    let Payload::Bytes(p0) = &first.payload else { panic!("the first chunk is not placed") };
+    let mut buf = RecvBuf::try_zeroed(TOTAL).unwrap();
+    buf[..PART].copy_from_slice(p0);
+    let placement = Placement::new(buf, 1);
+    inc.recv.place(Some(placement.clone()));
+    let mut placed = PART;
+    while placed < TOTAL {
+        let r = inc.recv.recv().await.unwrap().expect("a chunk");
+        let Kind::Chunk(c) = r.header.kind.unwrap() else { panic!("not a chunk") };
+        assert_eq!(c.ucx_put, puts, "chunk {} of the placed tensor", c.index);
+        assert!(matches!(r.payload, Payload::Placed { .. }));
+        placed += c.raw_len as usize;
+    }
+    inc.recv.place(None);
+    send.await.unwrap().unwrap();
+    let got = placement.into_inner().await;
+    assert!(got[..] == data[..], "the put tensor differs");
+    let after = ucx::stats();
+    let (grants, put) = if puts { (1, (TOTAL - PART) as u64) } else { (0, 0) };
+    assert_eq!(after.grants, before.grants + grants, "{before:?} -> {after:?}");
+    assert_eq!(after.bytes_put, before.bytes_put + put, "{before:?} -> {after:?}");
+
+    // Not placed: the ask is refused and the rest comes by tag.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    let send = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            let frames: Vec<Frame> =
+                (0..TOTAL / PART).map(|i| chunk(i as u32, i * PART, PART, false, &data[i * PART..][..PART])).collect();
+            tx.send_batch(frames, true).await
+        })
+    };
+    let mut inc = server.accept().await.unwrap();
+    let mut got = Vec::new();
+    while let Some(r) = inc.recv.recv().await.unwrap() {
+        let Payload::Bytes(b) = r.payload else { panic!("placed without a placement") };
+        got.extend_from_slice(&b);
+    }
+    send.await.unwrap().unwrap();
+    assert!(got == data, "the refused tensor differs");
+    assert_eq!(ucx::stats().grants, after.grants);
+
+    let next_error = async |frames: Vec<Frame>, place: bool| {
+        let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+        tokio::spawn(async move { tx.send_batch(frames, true).await });
+        let mut inc = server.accept().await.unwrap();
+        let limit = Duration::from_secs(10);
+        let mut placement = None;
+        loop {
+            match tokio::time::timeout(limit, inc.recv.recv()).await.expect("an error, not a hang") {
+                Err(e) => return e.to_string(),
+                Ok(None) => panic!("the lying stream ended cleanly"),
+                Ok(Some(r)) if place && placement.is_none() => {
+                    let p = Placement::new(RecvBuf::try_zeroed(TOTAL).unwrap(), 1);
+                    inc.recv.place(Some(p.clone()));
+                    placement = Some((p, r));
+                }
+                Ok(Some(r)) => assert!(r.header.kind.is_some()),
+            }
+        }
+    };
+    // A put claimed without any grant.
+    let e = next_error(vec![chunk(0, 0, PART, true, &[])], false).await;
+    assert!(e.contains("no memory was granted"), "{e}");
+    // A put claimed past the end of the granted tensor (after a real ask).
+    let frames = vec![chunk(0, 0, PART, false, &data[..PART]), chunk(1, TOTAL - PART, 2 * PART, true, &[])];
+    let e = next_error(frames, true).await;
+    let why = if puts { "outside" } else { "no memory was granted" };
+    assert!(e.contains(why), "{e}");
 }

@@ -38,6 +38,8 @@ pub struct Chunker {
     offset: u64,
     index: u32,
     chunk_size: usize,
+    /// Most bytes of the first chunk (at most `chunk_size`).
+    first_chunk: usize,
     crc32c: Option<u32>,
 }
 
@@ -53,8 +55,17 @@ impl Chunker {
             offset: 0,
             index: 0,
             chunk_size: chunk_size.max(1),
+            first_chunk: chunk_size.max(1),
             crc32c: None,
         }
+    }
+
+    /// Makes the first chunk at most `n` bytes (the others keep the chunk
+    /// size): over `ucx://` the first chunk asks the receiver for memory to
+    /// put the rest into, so the sooner it arrives the more goes by put.
+    pub fn with_first_chunk(mut self, n: usize) -> Self {
+        self.first_chunk = n.clamp(1, self.chunk_size);
+        self
     }
 
     /// Puts a CRC-32C of the whole payload into the last chunk.
@@ -93,12 +104,13 @@ impl Chunker {
         if self.segments.is_empty() {
             return Bytes::new();
         }
+        let limit = if self.index == 0 { self.first_chunk } else { self.chunk_size };
         // A large segment, or a small one not followed by another small one,
         // is sliced in place.
         let next_small = self.segments.get(1).is_some_and(|s| s.len() <= SMALL_SEGMENT);
         let front = self.segments.front_mut().expect("checked");
-        if front.len() > SMALL_SEGMENT || !next_small || front.len() >= self.chunk_size {
-            let n = front.len().min(self.chunk_size);
+        if front.len() > SMALL_SEGMENT || !next_small || front.len() >= limit {
+            let n = front.len().min(limit);
             let p = front.split_to(n);
             if front.is_empty() {
                 self.segments.pop_front();
@@ -107,12 +119,12 @@ impl Chunker {
         }
         // Merge a run of small segments (codec headers) up to the chunk size.
         let run: usize = self.segments.iter().take_while(|s| s.len() <= SMALL_SEGMENT).map(Bytes::len).sum();
-        let mut out = Vec::with_capacity(run.min(self.chunk_size));
+        let mut out = Vec::with_capacity(run.min(limit));
         while let Some(s) = self.segments.front_mut() {
-            if s.len() > SMALL_SEGMENT || out.len() >= self.chunk_size {
+            if s.len() > SMALL_SEGMENT || out.len() >= limit {
                 break;
             }
-            let n = s.len().min(self.chunk_size - out.len());
+            let n = s.len().min(limit - out.len());
             out.extend_from_slice(&s.split_to(n));
             if s.is_empty() {
                 self.segments.pop_front();
@@ -589,6 +601,22 @@ mod tests {
         assert!(chunks[0].0.info.is_some() && chunks[1].0.info.is_none());
         assert!(chunks[4].0.last && !chunks[3].0.last);
         assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), e.to_bytes().to_vec());
+    }
+
+    #[test]
+    fn a_smaller_first_chunk_only_changes_the_first() {
+        let e = encoded(&[5 << 20]);
+        let mut c = Chunker::new(7, v1::TensorInfo::default(), e.clone(), 2 << 20).with_first_chunk(1 << 20);
+        let chunks: Vec<_> = std::iter::from_fn(|| c.next_chunk()).collect();
+        let lens: Vec<usize> = chunks.iter().map(|(_, p)| p.len()).collect();
+        assert_eq!(lens, vec![1 << 20, 2 << 20, 2 << 20]);
+        assert_eq!(chunks.iter().map(|(c, _)| c.offset).collect::<Vec<_>>(), vec![0, 1 << 20, 3 << 20]);
+        assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), e.to_bytes().to_vec());
+        // Never above the chunk size, never zero.
+        let mut c = Chunker::new(7, v1::TensorInfo::default(), e, 1 << 20).with_first_chunk(usize::MAX);
+        assert_eq!(c.next_chunk().unwrap().1.len(), 1 << 20);
+        let mut c = Chunker::new(7, v1::TensorInfo::default(), encoded(&[10]), 4).with_first_chunk(0);
+        assert_eq!(c.next_chunk().unwrap().1.len(), 1);
     }
 
     #[test]

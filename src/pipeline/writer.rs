@@ -17,7 +17,7 @@ use super::storages::Share;
 use super::wire::{compression_to_wire, info_to_wire};
 use crate::config::{
     AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
-    UCX_CHUNK_BYTES,
+    UCX_CHUNK_BYTES, UCX_FIRST_CHUNK_BYTES,
 };
 use crate::error::CallError;
 
@@ -187,6 +187,9 @@ impl FrameWriter {
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
         let mut chunker = Chunker::new(id, info, encoded, chunk_size);
+        if self.min_chunk > 0 && compression == Compression::None {
+            chunker = chunker.with_first_chunk(UCX_FIRST_CHUNK_BYTES);
+        }
         if let Some(crc) = crc {
             chunker = chunker.with_crc32c(crc);
         }

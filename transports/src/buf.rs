@@ -57,12 +57,24 @@ pub struct RecvBuf {
     prefault: Option<Prefaulter>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backing {
     /// The global allocator, with this alignment.
     Heap(usize),
     /// An anonymous private mapping of `cap` bytes.
     Mapped,
+    /// Memory a transport allocated (UCX's registered memory): the owner
+    /// frees it when dropped.
+    Foreign(Box<dyn std::any::Any + Send + Sync>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backing::Heap(a) => write!(f, "Heap({a})"),
+            Backing::Mapped => f.write_str("Mapped"),
+            Backing::Foreign(_) => f.write_str("Foreign"),
+        }
+    }
 }
 
 /// A helper thread populating a mapping's pages from the back.
@@ -156,6 +168,33 @@ impl RecvBuf {
         })
     }
 
+    /// A buffer over `cap` bytes at `ptr` that `owner` keeps alive (and
+    /// frees when dropped), of which the first `len` are the contents.
+    ///
+    /// # Safety
+    /// `ptr..ptr + cap` must be initialised memory, valid for reads and
+    /// writes, used by nothing else, and alive until `owner` is dropped;
+    /// `len <= cap`.
+    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
+    pub(crate) unsafe fn from_foreign(
+        ptr: NonNull<u8>,
+        cap: usize,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        Self { ptr, len: len.min(cap), cap, backing: Backing::Foreign(owner), prefault: None }
+    }
+
+    /// The owner of a buffer made by [`from_foreign`](Self::from_foreign),
+    /// if it is a `T`.
+    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
+    pub(crate) fn foreign<T: 'static>(&self) -> Option<&T> {
+        match &self.backing {
+            Backing::Foreign(o) => o.downcast_ref::<T>(),
+            _ => None,
+        }
+    }
+
     /// Bytes allocated (at least [`len`](Self::len)).
     pub fn capacity(&self) -> usize {
         self.cap
@@ -196,14 +235,15 @@ impl Drop for RecvBuf {
         if self.cap == 0 {
             return;
         }
-        match self.backing {
+        match &self.backing {
+            Backing::Foreign(_) => {} // freed by its owner, dropped with self
             Backing::Mapped => {
                 // SAFETY: mapped in `try_zeroed` with exactly this length;
                 // nothing refers to it any more (the helper has been joined).
                 unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.cap) };
             }
             Backing::Heap(align) => {
-                if let Ok(layout) = Layout::from_size_align(self.cap, align) {
+                if let Ok(layout) = Layout::from_size_align(self.cap, *align) {
                     // SAFETY: allocated in `try_zeroed` with exactly this layout.
                     unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
                 }
@@ -275,7 +315,7 @@ mod tests {
     fn mapped_buffers_are_zero_keep_what_is_written_while_prefaulted_and_free_on_drop() {
         let n = PREFAULT_FROM + 12345;
         let mut b = RecvBuf::try_zeroed(n).unwrap();
-        assert_eq!(b.backing, Backing::Mapped);
+        assert!(matches!(b.backing, Backing::Mapped));
         assert_eq!(b.as_ptr() as usize % PAGE, 0);
         // Written from the front while the helper populates from the back:
         // nothing it does changes a byte.
@@ -291,7 +331,7 @@ mod tests {
         let quick = RecvBuf::try_zeroed(n).unwrap();
         drop(quick);
         let mid = RecvBuf::try_zeroed(MAPPED_FROM).unwrap();
-        assert_eq!(mid.backing, Backing::Mapped);
+        assert!(matches!(mid.backing, Backing::Mapped));
         assert!(mid.prefault.is_none() && mid.iter().all(|&x| x == 0));
     }
 }

@@ -146,11 +146,17 @@ pub struct UcxConfig {
     /// within it costs no thread wake-up (default 50 µs; zero sleeps after
     /// a few dozen idle polls).
     pub spin: Duration,
+    /// Tensors of at least this many payload bytes ask the receiver for
+    /// memory to put their chunks into, where the connection's UCX context
+    /// has only shared-memory transports (one copy instead of the tagged
+    /// rendezvous's two; default 8 MiB).
+    pub min_put_bytes: u64,
 }
 
 impl Default for UcxConfig {
     fn default() -> Self {
         Self {
+            min_put_bytes: 8 << 20,
             min_chunk_bytes: 64 << 10,
             max_in_flight: 256 << 20,
             rendezvous_timeout: Duration::from_secs(60),

@@ -170,6 +170,17 @@ impl Placement {
         self.buf.clone().lock_owned().await
     }
 
+    /// Locks the buffer like [`lock_owned`](Self::lock_owned) if no one
+    /// holds it now.
+    pub fn try_lock_owned(&self) -> Option<tokio::sync::OwnedMutexGuard<RecvBuf>> {
+        self.buf.clone().try_lock_owned().ok()
+    }
+
+    /// The tensor this placement is for.
+    pub fn tensor_id(&self) -> u64 {
+        self.tensor_id
+    }
+
     /// Takes the buffer back once no transport holds it (after
     /// [`RecvStream::place`] with `None`); otherwise takes its contents.
     pub async fn into_inner(self) -> RecvBuf {

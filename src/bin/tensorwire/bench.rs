@@ -153,10 +153,11 @@ fn beside<T: Send + 'static>(
 
 /// `ucx://` send and fetch of `size` bytes against `ucx_perftest -t
 /// ucp_put_bw` of the same size, run now (same UCX_* environment): the
-/// ratio's denominator. Two `ucx_perftest -t tag_bw` figures (the tagged
-/// rendezvous that `ucx://` itself uses) are printed beside it as extra
-/// columns: with the same environment, and on the transports `ucx://`
-/// actually uses for this same-host peer (with `UCX_TLS` unset those are
+/// ratio's denominator (on shared memory `ucx://` puts large tensors into
+/// receiver-granted memory as that test does). Two `ucx_perftest -t
+/// tag_bw` figures (the tagged rendezvous `ucx://` uses elsewhere) are
+/// printed beside it as extra columns: with the same environment, and on
+/// the transports `ucx://` actually uses for this same-host peer (with `UCX_TLS` unset those are
 /// `sysv,posix,self`: cma needs peer failure mode, which UCX 1.13's
 /// shared-memory transports lack; see `tensorwire_transports::ucx`).
 #[cfg(feature = "ucx")]

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!   client                                          server (TCP listener on host:port)
-//!   TCP connect ─ "TWUCX\x03\0\0" host token ───────►  same host? → worker (context for it)
-//!   same host? → worker ◄─ "TWUCX\x03\0\0" host token, server worker address
+//!   TCP connect ─ "TWUCX\x04\0\0" host token ───────►  same host? → worker (context for it)
+//!   same host? → worker ◄─ "TWUCX\x04\0\0" host token, server worker address
 //!   client worker address ─────────────────────────►  ucp_ep_create(client address)
 //!   ucp_ep_create(server address)
 //!   mux preface ◄════════ UCP stream ═════════════► mux preface (frames from now on)
@@ -44,7 +44,7 @@ use crate::{
 
 /// First bytes of each side's first message (version 2: with host tokens;
 /// 3: frames through the UCP stream).
-const MAGIC: &[u8; 8] = b"TWUCX\x03\0\0";
+const MAGIC: &[u8; 8] = b"TWUCX\x04\0\0";
 /// Largest worker address accepted from a peer (UCX's are a few hundred bytes).
 const MAX_ADDRESS: u32 = 64 << 10;
 /// Largest host token accepted from a peer.

@@ -21,10 +21,42 @@ pub(crate) type Context = *mut c_void;
 pub(crate) type Worker = *mut c_void;
 pub(crate) type Ep = *mut c_void;
 pub(crate) type Address = c_void;
+/// `ucp_mem_h`.
+pub(crate) type MemH = *mut c_void;
+/// `ucp_rkey_h`.
+pub(crate) type Rkey = *mut c_void;
+
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_FLAGS: u64 = 1 << 2;
+pub(crate) const UCP_MEM_MAP_ALLOCATE: c_uint = 1 << 1;
+pub(crate) const UCP_MEM_ATTR_FIELD_ADDRESS: u64 = 1 << 0;
+pub(crate) const UCP_MEM_ATTR_FIELD_LENGTH: u64 = 1 << 1;
+
+/// `ucp_mem_map_params_t`.
+#[repr(C)]
+pub(crate) struct MemMapParams {
+    pub field_mask: u64,
+    pub address: *mut c_void,
+    pub length: usize,
+    pub flags: c_uint,
+    pub prot: c_uint,
+    pub _rest: [u8; 64],
+}
+
+/// `ucp_mem_attr_t`.
+#[repr(C)]
+pub(crate) struct MemAttr {
+    pub field_mask: u64,
+    pub address: *mut c_void,
+    pub length: usize,
+    pub _rest: [u8; 32],
+}
 
 pub(crate) const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
 pub(crate) const UCP_PARAM_FIELD_MT_WORKERS_SHARED: u64 = 1 << 5;
 pub(crate) const UCP_FEATURE_TAG: u64 = 1 << 0;
+pub(crate) const UCP_FEATURE_RMA: u64 = 1 << 1;
 pub(crate) const UCP_FEATURE_WAKEUP: u64 = 1 << 4;
 pub(crate) const UCP_FEATURE_STREAM: u64 = 1 << 5;
 
@@ -138,6 +170,14 @@ pub(crate) struct Api {
     pub stream_recv_data_nb: unsafe extern "C" fn(Ep, *mut usize) -> *mut c_void,
     pub stream_data_release: unsafe extern "C" fn(Ep, *mut c_void),
     pub ep_flush_nbx: unsafe extern "C" fn(Ep, *const RequestParam) -> *mut c_void,
+    pub mem_map: unsafe extern "C" fn(Context, *const MemMapParams, *mut MemH) -> Status,
+    pub mem_unmap: unsafe extern "C" fn(Context, MemH) -> Status,
+    pub mem_query: unsafe extern "C" fn(MemH, *mut MemAttr) -> Status,
+    pub rkey_pack: unsafe extern "C" fn(Context, MemH, *mut *mut c_void, *mut usize) -> Status,
+    pub rkey_buffer_release: unsafe extern "C" fn(*mut c_void),
+    pub ep_rkey_unpack: unsafe extern "C" fn(Ep, *const c_void, *mut Rkey) -> Status,
+    pub rkey_destroy: unsafe extern "C" fn(Rkey),
+    pub put_nbx: unsafe extern "C" fn(Ep, *const c_void, usize, u64, Rkey, *const RequestParam) -> *mut c_void,
     pub request_check_status: unsafe extern "C" fn(*mut c_void) -> Status,
     pub request_cancel: unsafe extern "C" fn(Worker, *mut c_void),
     pub request_free: unsafe extern "C" fn(*mut c_void),
@@ -282,6 +322,14 @@ fn load() -> Result<Api, String> {
         stream_recv_data_nb: sym!(ucp, "ucp_stream_recv_data_nb"),
         stream_data_release: sym!(ucp, "ucp_stream_data_release"),
         ep_flush_nbx: sym!(ucp, "ucp_ep_flush_nbx"),
+        mem_map: sym!(ucp, "ucp_mem_map"),
+        mem_unmap: sym!(ucp, "ucp_mem_unmap"),
+        mem_query: sym!(ucp, "ucp_mem_query"),
+        rkey_pack: sym!(ucp, "ucp_rkey_pack"),
+        rkey_buffer_release: sym!(ucp, "ucp_rkey_buffer_release"),
+        ep_rkey_unpack: sym!(ucp, "ucp_ep_rkey_unpack"),
+        rkey_destroy: sym!(ucp, "ucp_rkey_destroy"),
+        put_nbx: sym!(ucp, "ucp_put_nbx"),
         request_check_status: sym!(ucp, "ucp_request_check_status"),
         request_cancel: sym!(ucp, "ucp_request_cancel"),
         request_free: sym!(ucp, "ucp_request_free"),
@@ -329,12 +377,26 @@ pub(crate) struct Ctx {
     /// The `UCX_TLS` the context was created with (after leaving out the
     /// single-copy transports where peer failure mode is refused).
     pub tls: String,
+    /// Large payloads may be put into receiver-granted memory (see
+    /// `rendezvous`): the context has only shared-memory transports, where
+    /// a put is a copy into a mapped segment (`UCP_FEATURE_RMA` is on).
+    pub puts: bool,
 }
 // SAFETY: a UCP context created with mt_workers_shared may be used by
 // workers on different threads; the pointer itself is just an address.
 unsafe impl Send for Ctx {}
 // SAFETY: as above.
 unsafe impl Sync for Ctx {}
+
+/// True when `tls` names shared-memory transports only (and `self`): a put
+/// is then a copy into a segment this process maps, done when the call
+/// returns. Over `tcp` UCX emulates puts in software (~30 MB/s here); over
+/// RDMA NICs they would be native, but that is unmeasured, so they keep the
+/// tagged rendezvous.
+fn shared_memory_only(tls: &str) -> bool {
+    let mut names = tls.split(',').map(str::trim).filter(|t| !t.is_empty()).peekable();
+    names.peek().is_some() && names.all(|t| matches!(t, "sysv" | "posix" | "self"))
+}
 
 fn init(api: &'static Api, tls: Option<&str>) -> Result<Context, String> {
     let mut params: Params = {
@@ -343,6 +405,9 @@ fn init(api: &'static Api, tls: Option<&str>) -> Result<Context, String> {
     };
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
+    if tls.is_some_and(shared_memory_only) {
+        params.features |= UCP_FEATURE_RMA;
+    }
     params.mt_workers_shared = 1;
     let mut config: *mut c_void = std::ptr::null_mut();
     // SAFETY: null prefix and file: UCX reads UCX_* from the environment.
@@ -358,6 +423,19 @@ fn init(api: &'static Api, tls: Option<&str>) -> Result<Context, String> {
             // SAFETY: releasing the config read above.
             unsafe { (api.config_release)(config) };
             return Err(format!("UCX_TLS={tls}: {}", status_str(api, s)));
+        }
+    }
+    if params.features & UCP_FEATURE_RMA != 0 {
+        // Put regions (`grant::Region`) come from shared-memory segments or
+        // fresh mappings, all zero pages: never from the heap, whose memory
+        // would not be initialised.
+        // SAFETY: a live config and NUL-terminated strings.
+        let s =
+            unsafe { (api.config_modify)(config, c"ALLOC_PRIO".as_ptr(), c"md:sysv,md:posix,huge,thp,mmap".as_ptr()) };
+        if s != UCS_OK {
+            // SAFETY: releasing the config read above.
+            unsafe { (api.config_release)(config) };
+            return Err(format!("UCX_ALLOC_PRIO: {}", status_str(api, s)));
         }
     }
     let mut ctx: Context = std::ptr::null_mut();
@@ -496,7 +574,7 @@ pub(crate) fn context_for(same_host: bool) -> Result<Ctx, String> {
 fn make_context(api: &'static Api, tls: &str) -> Result<Ctx, String> {
     let ctx = init(api, Some(tls))?;
     if probe_peer_failure(api, ctx) {
-        return Ok(Ctx { api, ctx, peer_failure: true, tls: tls.to_string() });
+        return Ok(Ctx { api, ctx, peer_failure: true, tls: tls.to_string(), puts: false });
     }
     let reduced = without_single_copy(tls);
     // SAFETY: nothing else uses this context yet.
@@ -507,7 +585,8 @@ fn make_context(api: &'static Api, tls: &str) -> Result<Ctx, String> {
         "UCX transports without peer failure detection: single-copy transports (cma) left out"
     );
     let ctx = init(api, Some(&reduced))?;
-    Ok(Ctx { api, ctx, peer_failure: false, tls: reduced })
+    let puts = shared_memory_only(&reduced);
+    Ok(Ctx { api, ctx, peer_failure: false, tls: reduced, puts })
 }
 
 /// Identifies this host *and* the namespaces UCX's shared-memory
@@ -534,6 +613,13 @@ pub fn ucx_peer_failure_detection() -> Result<bool, String> {
 /// give `ucx_perftest` so that it measures what `ucx://` can reach.
 pub fn ucx_transports(same_host: bool) -> Result<String, String> {
     context_for(same_host).map(|c| c.tls)
+}
+
+/// Whether large tensors to a peer on this host (`same_host`) or elsewhere
+/// go by puts into receiver-granted memory (contexts with shared-memory
+/// transports only) rather than by tagged rendezvous.
+pub fn ucx_puts(same_host: bool) -> Result<bool, String> {
+    context_for(same_host).map(|c| c.puts)
 }
 
 /// The memory types this process's UCX can move (`host`, and `cuda`,

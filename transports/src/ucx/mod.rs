@@ -12,8 +12,19 @@
 //! and namespaces, told by a token in the preamble) gets a worker limited to
 //! UCX's shared-memory transports.
 //!
+//! On such a worker (UCX's shared memory only), a tensor of at least
+//! [`UcxConfig::min_put_bytes`](crate::config::UcxConfig) goes by **puts**
+//! after its first chunk: that chunk asks for memory, the receiver answers
+//! with a grant of the tensor's receive buffer (UCX-allocated, recycled by
+//! the receive pool), and the sender puts the rest straight into it
+//! (`ucp_put_nbx`: one copy; the tagged rendezvous over UCX's shared memory
+//! copies twice, through its bounce buffers). Over `tcp` UCX would emulate
+//! puts in software, and over RDMA NICs they are unmeasured here, so those
+//! keep the tagged rendezvous (zero-copy get by the NIC).
+//!
 //! Files, by concern (imports go one way, down this list):
 //! * `ffi`: the hand-written UCP declarations, loaded with `dlopen`.
+//! * `grant`: UCX-allocated receive buffers and the grant message for puts.
 //! * `worker`: a UCP worker and its endpoint on their own progress thread.
 //! * `stream`: the mux's byte stream over the UCP stream, and its close.
 //! * `rendezvous`: the streams, diverting large payloads to UCX.
@@ -54,7 +65,12 @@
 //! registrations in its registration cache, bounded by UCX
 //! (`UCX_RCACHE_MAX_SIZE`, `UCX_RCACHE_MAX_REGIONS`); a buffer is only
 //! freed after UCX reported its operation complete, so no registration
-//! outlives its memory.
+//! outlives its memory. Granted regions are `RecvBuf`s the receive pool
+//! recycles (so a steady stream of tensors reuses warm ones, and the pool's
+//! memory budget bounds them); a region is unmapped when its buffer is
+//! freed, never while a stream holds it granted. A sender keeps the keys of
+//! the last 8 regions it was granted unpacked (an unpacked key of a
+//! shared-memory region maps its segment), destroyed with the worker.
 //!
 //! ## Trust
 //! Every frame from the peer is checked as on any transport, but UCX itself
@@ -74,10 +90,11 @@
 
 mod conn;
 mod ffi;
+mod grant;
 mod rendezvous;
 mod stream;
 mod worker;
 
 pub use conn::{connect, listen};
-pub use ffi::{ucx_memory_types, ucx_peer_failure_detection, ucx_transports, ucx_version};
+pub use ffi::{ucx_memory_types, ucx_peer_failure_detection, ucx_puts, ucx_transports, ucx_version};
 pub use worker::{UcxStats, stats};

@@ -11,6 +11,14 @@
 //!   send completes ◄──────────── ATS ──────────── receive completes: Payload::Bytes
 //! ```
 //!
+//! Where the connection's UCX context has only shared-memory transports,
+//! a large tensor goes by **puts** after its first chunk: the sender asks
+//! for memory with that chunk, the receiver's reader places the tensor and
+//! the receiver answers with a grant of its buffer (made UCX memory, see
+//! [`grant`](super::grant)), and the sender puts the remaining chunks
+//! straight into it, flushes, and only then sends their frames
+//! (`ucx_put`): one copy where the tagged rendezvous makes two.
+//!
 //! The frame order on the stream is kept (the receiver posts the receive
 //! when the frame comes up in order); UCX chooses the protocol per message
 //! size and transport (eager copy for small ones, rendezvous with zero-copy
@@ -27,7 +35,8 @@ use bytes::Bytes;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tokio::sync::oneshot;
 
-use super::worker::{Landed, LockedRegion, RecvTarget, WorkerHandle};
+use super::grant::{Answer, GRANT_BIT, GRANT_MAX, Grant, Region};
+use super::worker::{Landed, LockedRegion, Put, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
@@ -56,17 +65,184 @@ impl Rendezvous {
     }
 }
 
+/// Put frames held back until a flush says their bytes are at the peer,
+/// at most this many payload bytes.
+const PUT_BATCH: usize = 16 << 20;
+
+/// A grant the sender asked for with a tensor's first chunk.
+struct Asked {
+    tensor_id: u64,
+    total: u64,
+    tag: u64,
+    answer: oneshot::Receiver<super::worker::RecvResult>,
+}
+
+/// Memory the receiver granted for the rest of one tensor.
+struct Granted {
+    tensor_id: u64,
+    grant: Grant,
+    rkey: Arc<[u8]>,
+}
+
 /// Sending half: diverts large payloads to UCX.
 pub(crate) struct UcxSend {
     pub(crate) inner: Box<dyn SendStream>,
     pub(crate) rv: Arc<Rendezvous>,
     pub(crate) in_flight: VecDeque<(usize, oneshot::Receiver<Result<(), String>>)>,
     pub(crate) in_flight_bytes: usize,
+    asked: Option<Asked>,
+    granted: Option<Granted>,
+    /// Frames of chunks already put, waiting for the flush.
+    held: Vec<Frame>,
+    /// The puts of the held frames.
+    puts: Vec<oneshot::Receiver<Result<(), String>>>,
+    held_bytes: usize,
 }
 
 impl UcxSend {
     pub(crate) fn new(inner: Box<dyn SendStream>, rv: Arc<Rendezvous>) -> Self {
-        Self { inner, rv, in_flight: VecDeque::new(), in_flight_bytes: 0 }
+        Self {
+            inner,
+            rv,
+            in_flight: VecDeque::new(),
+            in_flight_bytes: 0,
+            asked: None,
+            granted: None,
+            held: Vec::new(),
+            puts: Vec::new(),
+            held_bytes: 0,
+        }
+    }
+
+    /// True when `frame` is a chunk of the tensor whose grant was asked.
+    fn awaits_answer(&self, frame: &Frame) -> bool {
+        matches!((&self.asked, &frame.header.kind), (Some(a), Some(Kind::Chunk(c))) if c.tensor_id == a.tensor_id)
+    }
+
+    /// Waits for the receiver's answer to the grant asked for.
+    async fn take_answer(&mut self) -> Result<(), StreamError> {
+        let Some(a) = self.asked.take() else { return Ok(()) };
+        let landed = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, a.answer).await {
+            Ok(Ok(Ok(l))) => l,
+            Ok(Ok(Err(e))) => return Err(self.rv.closed("grant", e)),
+            Ok(Err(_)) => return Err(self.rv.closed("grant", "connection closed".into())),
+            Err(_) => return Err(self.rv.timeout("grant")),
+        };
+        let Landed::Owned(bytes) = landed else {
+            return Err(self.rv.closed("grant", "landed in a placement buffer".into()));
+        };
+        match Answer::decode(&bytes, a.total) {
+            Ok(Answer::Grant(grant)) => {
+                let rkey: Arc<[u8]> = grant.rkey.clone().into();
+                self.granted = Some(Granted { tensor_id: a.tensor_id, grant, rkey });
+            }
+            Ok(Answer::Refused) => {}
+            Err(reason) => {
+                let reason = format!("{reason} (answer to UCX message {})", a.tag);
+                return Err(StreamError::Protocol { peer: self.rv.peer.clone(), reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the payload of a chunk of the granted tensor into the granted
+    /// memory and returns its frame (held until the flush), or gives the
+    /// frame back when it is not such a chunk.
+    fn put(&mut self, mut frame: Frame) -> Result<(), Frame> {
+        let Some(g) = &self.granted else { return Err(frame) };
+        let fits = match &frame.header.kind {
+            Some(Kind::Chunk(c)) => {
+                c.tensor_id == g.tensor_id
+                    && c.compression == v1::Compression::None as i32
+                    && c.shm_segment == 0
+                    && frame.payload.len() as u64 == c.raw_len
+                    && !frame.payload.is_empty()
+                    && c.offset.checked_add(c.raw_len).is_some_and(|end| end <= g.grant.len)
+            }
+            _ => false,
+        };
+        if !fits || self.rv.worker.failure().is_some() {
+            return Err(frame);
+        }
+        let Some(Kind::Chunk(c)) = &mut frame.header.kind else { return Err(frame) };
+        let last = c.last;
+        c.ucx_put = true;
+        let put = Put {
+            region: g.grant.region,
+            rkey: g.rkey.clone(),
+            addr: g.grant.addr + c.offset,
+            data: std::mem::take(&mut frame.payload),
+        };
+        self.held_bytes += put.data.len();
+        self.puts.push(self.rv.worker.put(put));
+        self.held.push(frame);
+        if last {
+            self.granted = None;
+        }
+        Ok(())
+    }
+
+    /// Waits until the held frames' bytes are at the peer (their puts
+    /// done, then a flush of the endpoint), and moves the frames to `out`.
+    async fn release(&mut self, out: &mut Vec<Frame>) -> Result<(), StreamError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let limit = self.rv.cfg.rendezvous_timeout;
+        let puts = std::mem::take(&mut self.puts);
+        let wait = async {
+            for p in puts {
+                p.await.map_err(|_| "connection closed".to_string())??;
+            }
+            self.rv.worker.flush().await.map_err(|_| "connection closed".to_string())?
+        };
+        match tokio::time::timeout(limit, wait).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.rv.closed("put", e)),
+            Err(_) => return Err(self.rv.timeout("put")),
+        }
+        self.held_bytes = 0;
+        out.append(&mut self.held);
+        Ok(())
+    }
+
+    /// Sends `frames` in order: chunks of a granted tensor by put (their
+    /// frames after the flush), large chunks by tag, the rest as they are;
+    /// waits for a grant's answer before the chunk after the one that asked.
+    async fn send_frames(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let mut out: Vec<Frame> = Vec::with_capacity(frames.len());
+        for f in frames {
+            if self.awaits_answer(&f) {
+                // The chunk that asked must reach the receiver first.
+                self.release(&mut out).await?;
+                if !out.is_empty() {
+                    self.inner.send_batch(std::mem::take(&mut out), false).await?;
+                }
+                self.take_answer().await?;
+            }
+            let f = match self.put(f) {
+                Ok(()) => {
+                    if self.held_bytes >= PUT_BATCH || self.granted.is_none() {
+                        self.release(&mut out).await?;
+                    }
+                    continue;
+                }
+                Err(f) => f,
+            };
+            self.release(&mut out).await?;
+            out.push(self.convert(f));
+        }
+        if fin {
+            self.release(&mut out).await?;
+        }
+        if out.is_empty() {
+            if fin {
+                self.inner.finish().await?;
+            }
+        } else {
+            self.inner.send_batch(out, fin).await?;
+        }
+        if fin { self.drain().await } else { self.throttle().await }
     }
 
     /// Hands a large chunk payload to UCX and returns the frame to send in
@@ -90,6 +266,17 @@ impl UcxSend {
         let rx = self.rv.worker.send(tag, payload);
         if let Some(Kind::Chunk(c)) = &mut frame.header.kind {
             c.ucx_tag = tag;
+            // A large tensor's first chunk asks for memory for the rest.
+            if self.rv.worker.ctx.puts
+                && c.offset == 0
+                && !c.last
+                && c.total_bytes >= self.rv.cfg.min_put_bytes.max(1)
+                && self.asked.is_none()
+            {
+                c.ucx_grant = true;
+                let answer = self.rv.worker.recv(GRANT_BIT | tag, RecvTarget::Owned(vec![0; GRANT_MAX]));
+                self.asked = Some(Asked { tensor_id: c.tensor_id, total: c.total_bytes, tag, answer });
+            }
         }
         self.in_flight.push_back((n, rx));
         self.in_flight_bytes += n;
@@ -126,33 +313,29 @@ impl UcxSend {
 #[async_trait]
 impl SendStream for UcxSend {
     async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
-        let f = self.convert(frame);
-        self.inner.send(f).await?;
-        self.throttle().await
+        self.send_frames(vec![frame], false).await
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
-        let out: Vec<Frame> = frames.into_iter().map(|f| self.convert(f)).collect();
-        if out.is_empty() {
-            if fin {
-                self.inner.finish().await?;
-            }
-        } else {
-            self.inner.send_batch(out, fin).await?;
-        }
-        if fin { self.drain().await } else { self.throttle().await }
+        self.send_frames(frames, fin).await
     }
 
     async fn finish(&mut self) -> Result<(), StreamError> {
-        self.inner.finish().await?;
-        self.drain().await
+        self.send_frames(Vec::new(), true).await
     }
 
     fn reset(&mut self, code: u32) {
         // Payloads already with UCX stay owned by the worker until UCX is
-        // done with them (or the connection closes).
+        // done with them (or the connection closes). Puts into a grant are
+        // copies done by the worker when it takes them (shared memory), so
+        // none lands after the reset, which the same worker sends later.
         self.in_flight.clear();
         self.in_flight_bytes = 0;
+        self.asked = None;
+        self.granted = None;
+        self.held.clear();
+        self.puts.clear();
+        self.held_bytes = 0;
         self.inner.reset(code)
     }
 
@@ -199,11 +382,115 @@ pub(crate) struct UcxRecv {
     /// End offset of the last receive posted into the current placement
     /// (a chunk is posted ahead only past it: ranges never overlap).
     posted_end: u64,
+    /// A grant the sender asked for and this side has not answered yet:
+    /// (the asking chunk's tag, its tensor, the bytes it brought).
+    wanted: Option<(u64, u64, u64)>,
+    /// The tensor whose buffer the sender may put into, its length, and
+    /// the buffer (locked while puts may land in it).
+    granted: Option<(u64, u64, Arc<LockedRegion>)>,
 }
 
 impl UcxRecv {
     pub(crate) fn new(inner: Box<dyn RecvStream>, rv: Arc<Rendezvous>) -> Self {
-        Self { inner, rv, placement: None, ahead: VecDeque::new(), region: Weak::new(), posted_end: 0 }
+        Self {
+            inner,
+            rv,
+            placement: None,
+            ahead: VecDeque::new(),
+            region: Weak::new(),
+            posted_end: 0,
+            wanted: None,
+            granted: None,
+        }
+    }
+
+    /// Answers the grant asked for, if any, with a refusal.
+    fn refuse(&mut self) {
+        if let Some((tag, _, _)) = self.wanted.take() {
+            drop(self.rv.worker.send(GRANT_BIT | tag, Bytes::from(Answer::Refused.encode())));
+        }
+    }
+
+    /// Answers the grant asked for by the first chunk of the tensor placed
+    /// in `p`: its buffer becomes UCX memory (a recycled region as it is; a
+    /// pool buffer is replaced by a new region, the first chunk copied
+    /// over) and the sender gets the region's key. Refused when the buffer
+    /// is in use or no region can be had.
+    fn grant(&mut self, p: &Placement) {
+        let Some((tag, tensor_id, first)) = self.wanted else { return };
+        if tensor_id != p.tensor_id() || !self.rv.worker.ctx.puts {
+            return self.refuse();
+        }
+        let Some(mut guard) = p.try_lock_owned() else { return self.refuse() };
+        let ctx = &self.rv.worker.ctx;
+        let grant = match Region::grant(&guard, ctx) {
+            Some(g) => g,
+            None => match Region::alloc(ctx, guard.len()) {
+                Ok(mut region) => {
+                    let n = (first as usize).min(guard.len());
+                    region[..n].copy_from_slice(&guard[..n]);
+                    let _old = std::mem::replace(&mut *guard, region);
+                    match Region::grant(&guard, ctx) {
+                        Some(g) => g,
+                        None => return self.refuse(),
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "no UCX region for a grant; the tensor goes by tag");
+                    return self.refuse();
+                }
+            },
+        };
+        self.wanted = None;
+        let len = grant.len;
+        let locked = Arc::new(LockedRegion::new(guard));
+        self.region = Arc::downgrade(&locked);
+        self.granted = Some((tensor_id, len, locked));
+        super::grant::GRANTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        drop(self.rv.worker.send(GRANT_BIT | tag, Bytes::from(Answer::Grant(grant).encode())));
+    }
+
+    /// A chunk frame whose payload was put into the granted buffer, checked
+    /// against the grant (None for other frames).
+    fn put_chunk(&mut self, r: &Received) -> Result<Option<Payload>, StreamError> {
+        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(None) };
+        if !c.ucx_put {
+            return Ok(None);
+        }
+        let bad = |reason: String| Err(StreamError::Protocol { peer: self.rv.peer.clone(), reason });
+        let Some((tensor_id, len, _)) = &self.granted else {
+            return bad(format!("a chunk of tensor {} says it was put, but no memory was granted for it", c.tensor_id));
+        };
+        let inside = c.offset.checked_add(c.raw_len).is_some_and(|end| end <= *len);
+        if c.tensor_id != *tensor_id || !inside || c.raw_len == 0 {
+            return bad(format!(
+                "a chunk put at {}..+{} of tensor {} lies outside the {len} bytes granted for tensor {tensor_id}",
+                c.offset, c.raw_len, c.tensor_id
+            ));
+        }
+        if !r.payload.is_empty()
+            || c.ucx_tag != 0
+            || c.compression != v1::Compression::None as i32
+            || c.shm_segment != 0
+        {
+            return bad("a put chunk frame must be uncompressed and carry no payload".into());
+        }
+        if c.last {
+            self.granted = None;
+        }
+        Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
+    }
+
+    /// Notes a returned chunk that asks for a grant (answered by the next
+    /// `place`, or refused).
+    fn note_ask(&mut self, r: &Received) {
+        if let Some(Kind::Chunk(c)) = &r.header.kind
+            && c.ucx_grant
+            && c.ucx_tag != 0
+        {
+            self.refuse();
+            self.wanted = Some((c.ucx_tag, c.tensor_id, c.offset + r.payload.len() as u64));
+        }
     }
 
     /// The UCX tag, length and offset of a chunk frame whose payload comes
@@ -335,6 +622,45 @@ impl UcxRecv {
 #[async_trait]
 impl RecvStream for UcxRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        // An ask the reader did not answer by placing the tensor.
+        self.refuse();
+        let r = self.recv_next().await?;
+        if let Some(r) = &r {
+            self.note_ask(r);
+        }
+        Ok(r)
+    }
+
+    fn place(&mut self, target: Option<Placement>) {
+        // Chunks that come through the socket are placed by the mux.
+        if let Some(p) = &target {
+            self.placement = target.clone();
+            self.region = Weak::new();
+            self.posted_end = 0;
+            self.grant(p);
+        } else {
+            self.refuse();
+            self.granted = None;
+            self.placement = None;
+            self.region = Weak::new();
+            self.posted_end = 0;
+        }
+        self.inner.place(target)
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id()
+    }
+}
+
+impl Drop for UcxRecv {
+    fn drop(&mut self) {
+        self.refuse();
+    }
+}
+
+impl UcxRecv {
+    async fn recv_next(&mut self) -> Result<Option<Received>, StreamError> {
         let next = match self.ahead.pop_front() {
             Some(a) => a,
             None => match self.inner.recv().await {
@@ -345,23 +671,17 @@ impl RecvStream for UcxRecv {
         let posted = match next {
             Ahead::End(r) => return r,
             Ahead::Posted(p) => p,
-            Ahead::Frame(r) => match self.post(r).await? {
-                Ok(p) => p,
-                Err(r) => return Ok(Some(r)),
-            },
+            Ahead::Frame(mut r) => {
+                if let Some(payload) = self.put_chunk(&r)? {
+                    r.payload = payload;
+                    return Ok(Some(r));
+                }
+                match self.post(r).await? {
+                    Ok(p) => p,
+                    Err(r) => return Ok(Some(r)),
+                }
+            }
         };
         self.land(posted).await.map(Some)
-    }
-
-    fn place(&mut self, target: Option<Placement>) {
-        // Chunks that come through the socket are placed by the mux.
-        self.placement = target.clone();
-        self.region = Weak::new();
-        self.posted_end = 0;
-        self.inner.place(target)
-    }
-
-    fn id(&self) -> u64 {
-        self.inner.id()
     }
 }

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::ffi::{self, Api, Ep, Worker};
+use super::grant;
 use crate::sync::lock;
 
 /// Polls of `ucp_worker_progress` without progress before sleeping, at
@@ -53,6 +54,11 @@ static WORKERS: AtomicU64 = AtomicU64::new(0);
 static ABANDONED: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_SENT: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
+static BYTES_PUT: AtomicU64 = AtomicU64::new(0);
+
+/// Remote keys one worker keeps unpacked (one per region the peer granted
+/// lately; an unpacked key of a shared-memory region maps its segment).
+const RKEYS_MAX: usize = 8;
 
 /// Process-wide counters of the UCX transport.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,6 +79,17 @@ pub struct UcxStats {
     pub frame_bytes_sent: u64,
     /// Frame-stream bytes received through UCX.
     pub frame_bytes_received: u64,
+    /// Payload bytes this process put into memory its peers granted (part
+    /// of `bytes_sent`).
+    pub bytes_put: u64,
+    /// Grants this process answered with memory for a peer's puts.
+    pub grants: u64,
+    /// Regions of UCX-allocated memory (tensor buffers that can be
+    /// granted) alive now, in use or idle in the receive pool.
+    pub regions: u64,
+    /// Regions allocated since the start (a steady stream of tensors
+    /// reuses them through the receive pool).
+    pub regions_allocated: u64,
 }
 
 /// The counters now.
@@ -85,6 +102,10 @@ pub fn stats() -> UcxStats {
         operations_abandoned: ABANDONED.load(Ordering::Relaxed),
         frame_bytes_sent: FRAME_BYTES_SENT.load(Ordering::Relaxed),
         frame_bytes_received: FRAME_BYTES_RECEIVED.load(Ordering::Relaxed),
+        bytes_put: BYTES_PUT.load(Ordering::Relaxed),
+        grants: grant::GRANTS.load(Ordering::Relaxed),
+        regions: grant::REGIONS.load(Ordering::Relaxed),
+        regions_allocated: grant::REGIONS_ALLOCATED.load(Ordering::Relaxed),
     }
 }
 
@@ -184,6 +205,23 @@ enum Cmd {
     Flush {
         done: oneshot::Sender<Result<(), String>>,
     },
+    /// `data` put at `addr` of the region the peer granted (`ucp_put_nbx`).
+    Put {
+        put: Put,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// One put into memory the peer granted.
+pub(crate) struct Put {
+    /// The region (names the key in the worker's cache).
+    pub region: u64,
+    /// Its packed remote key (unpacked once per region).
+    pub rkey: Arc<[u8]>,
+    /// Where the bytes go, in the peer's address space (inside the grant).
+    pub addr: u64,
+    /// The bytes.
+    pub data: Bytes,
 }
 
 /// Frame-stream bytes pulled from UCX, waiting for the connection's reader.
@@ -215,6 +253,8 @@ pub(crate) struct WorkerHandle {
     attached: Mutex<Option<tokio::task::AbortHandle>>,
     /// This worker's address, for the peer's `ucp_ep_create`.
     pub(crate) address: Vec<u8>,
+    /// The context the worker belongs to (its regions come from it).
+    pub(crate) ctx: ffi::Ctx,
 }
 
 struct Shared {
@@ -298,7 +338,8 @@ impl WorkerHandle {
     /// `same_host`: the peer shares this host and its namespaces (the
     /// worker then comes from [`ffi::context_for`]'s same-host context).
     pub(crate) fn new(peer: &str, same_host: bool) -> Result<(Self, PendingWorker), String> {
-        let ffi::Ctx { api, ctx, peer_failure, .. } = ffi::context_for(same_host)?;
+        let context = ffi::context_for(same_host)?;
+        let ffi::Ctx { api, ctx, peer_failure, .. } = context.clone();
         let params = ffi::WorkerParams { field_mask: 0, _rest: [0; 512] };
         let mut worker: Worker = std::ptr::null_mut();
         // SAFETY: live context, valid params and out-pointer.
@@ -333,7 +374,7 @@ impl WorkerHandle {
             outbox: Mutex::new(Outbox::default()),
             end_after: AtomicU64::new(NO_END),
         });
-        let handle = WorkerHandle { shared: shared.clone(), attached: Mutex::new(None), address };
+        let handle = WorkerHandle { shared: shared.clone(), attached: Mutex::new(None), address, ctx: context };
         Ok((handle, PendingWorker { raw: Some(raw), shared, peer: peer.to_string() }))
     }
 
@@ -360,7 +401,9 @@ impl WorkerHandle {
         let name = format!("tw-ucx {}", pending.peer);
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
-            .spawn(move || Progress { raw, ep: ep.get(), spin, shared, ops: HashMap::new(), next: 1 }.run())
+            .spawn(move || {
+                Progress { raw, ep: ep.get(), spin, shared, ops: HashMap::new(), next: 1, rkeys: Vec::new() }.run()
+            })
             .map_err(|e| format!("cannot start the UCX progress thread: {e}"))?;
         Ok(())
     }
@@ -427,6 +470,15 @@ impl WorkerHandle {
     /// Frame-stream bytes handed to UCX and not completed yet.
     pub(crate) fn stream_pending(&self) -> usize {
         lock(&self.shared.outbox).pending
+    }
+
+    /// Puts bytes into memory the peer granted; resolves once UCX is done
+    /// with `put.data` (a [`flush`](Self::flush) after it tells when the
+    /// bytes are at the peer).
+    pub(crate) fn put(&self, put: Put) -> oneshot::Receiver<Result<(), String>> {
+        let (done, rx) = oneshot::channel();
+        self.submit(Cmd::Put { put, done });
+        rx
     }
 
     /// Resolves once every operation started before it reached the peer.
@@ -598,6 +650,7 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: Ep, status: ffi::Status)
 
 enum OpKind {
     Send { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
+    Put { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
     Recv { target: RecvTarget, done: Option<oneshot::Sender<RecvResult>> },
     Stream { data: Bytes },
     Flush { done: Option<oneshot::Sender<Result<(), String>>> },
@@ -622,6 +675,8 @@ struct Progress {
     shared: Arc<Shared>,
     ops: HashMap<u64, Box<Op>>,
     next: u64,
+    /// Unpacked remote keys of regions the peer granted, most recent last.
+    rkeys: Vec<(u64, ffi::Rkey)>,
 }
 
 unsafe extern "C" fn on_send(_req: *mut c_void, status: ffi::Status, user_data: *mut c_void) {
@@ -826,6 +881,7 @@ impl Progress {
                 (OpKind::Stream { data }, p, l)
             }
             Cmd::Flush { done } => (OpKind::Flush { done: Some(done) }, std::ptr::null(), 0),
+            Cmd::Put { put, done } => return self.start_put(put, done),
             other => return self.start(other),
         };
         let is_flush = matches!(kind, OpKind::Flush { .. });
@@ -839,6 +895,59 @@ impl Progress {
             unsafe { (api.stream_send_nbx)(self.ep, ptr, len, &param) }
         };
         self.track(op, r, len);
+    }
+
+    /// The unpacked key of `region` (unpacked from `packed` on first use;
+    /// the least recently used key goes beyond [`RKEYS_MAX`]).
+    fn rkey(&mut self, region: u64, packed: &[u8]) -> Result<ffi::Rkey, String> {
+        let api = self.raw.api;
+        if let Some(i) = self.rkeys.iter().position(|(r, _)| *r == region) {
+            let k = self.rkeys.remove(i);
+            self.rkeys.push(k);
+            return Ok(k.1);
+        }
+        let mut rkey: ffi::Rkey = std::ptr::null_mut();
+        // SAFETY: live endpoint; `packed` is a key the peer packed with
+        // ucp_rkey_pack (peers are trusted: see the module docs of `ucx`).
+        let s = unsafe { (api.ep_rkey_unpack)(self.ep, packed.as_ptr() as *const c_void, &mut rkey) };
+        if s != ffi::UCS_OK {
+            return Err(format!("ucp_ep_rkey_unpack: {}", ffi::status_str(api, s)));
+        }
+        if self.rkeys.len() >= RKEYS_MAX && !self.ops.values().any(|o| matches!(o.kind, OpKind::Put { .. })) {
+            let (_, old) = self.rkeys.remove(0);
+            // SAFETY: a key unpacked here, no put in flight uses any key.
+            unsafe { (api.rkey_destroy)(old) };
+        }
+        self.rkeys.push((region, rkey));
+        Ok(rkey)
+    }
+
+    /// Starts a put into granted memory.
+    fn start_put(&mut self, put: Put, done: oneshot::Sender<Result<(), String>>) {
+        let api = self.raw.api;
+        let rkey = match self.rkey(put.region, &put.rkey) {
+            Ok(k) => k,
+            Err(e) => {
+                let _ = done.send(Err(e));
+                return;
+            }
+        };
+        let (p, l) = (put.data.as_ptr() as *const c_void, put.data.len());
+        let (op, param) =
+            Self::new_op(OpKind::Put { data: put.data, done: Some(done) }, on_send as ffi::SendCb as *const c_void);
+        // SAFETY: live endpoint and key; the bytes (the Bytes in op) stay
+        // alive and unmoved until the operation completes; the range lies
+        // inside the grant (checked by the sender against its length).
+        let r = unsafe { (api.put_nbx)(self.ep, p, l, put.addr, rkey, &param) };
+        self.track(op, r, l);
+    }
+
+    /// Destroys the unpacked keys (at teardown, no put in flight).
+    fn drop_rkeys(&mut self) {
+        for (_, k) in self.rkeys.drain(..) {
+            // SAFETY: keys unpacked by this worker, destroyed once.
+            unsafe { (self.raw.api.rkey_destroy)(k) };
+        }
     }
 
     /// Keeps an operation until UCX completes it (`r`: what the call
@@ -952,6 +1061,15 @@ impl Progress {
                         let _ = d.send(err.map_or(Ok(()), Err));
                     }
                 }
+                OpKind::Put { ref mut done, ref data } => {
+                    if err.is_none() {
+                        BYTES_SENT.fetch_add(data.len() as u64, Ordering::Relaxed);
+                        BYTES_PUT.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
+                    if let Some(d) = done.take() {
+                        let _ = d.send(err.map_or(Ok(()), Err));
+                    }
+                }
             }
         }
     }
@@ -1009,12 +1127,15 @@ impl Progress {
         for op in &mut stuck {
             let why = "UCX operation abandoned: the connection closed".to_string();
             match &mut op.kind {
-                OpKind::Send { done, .. } | OpKind::Flush { done } => drop(done.take().map(|d| d.send(Err(why)))),
+                OpKind::Send { done, .. } | OpKind::Put { done, .. } | OpKind::Flush { done } => {
+                    drop(done.take().map(|d| d.send(Err(why))))
+                }
                 OpKind::Recv { done, .. } => drop(done.take().map(|d| d.send(Err(why)))),
                 OpKind::Stream { .. } => {}
             }
             OUTSTANDING.fetch_sub(1, Ordering::Relaxed);
         }
+        self.drop_rkeys();
         // SAFETY: the endpoint is closed (or abandoned with its requests,
         // which the worker's destruction releases); no callback and no
         // transfer driven by this worker runs after this.

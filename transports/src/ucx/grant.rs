@@ -1,0 +1,251 @@
+//! Receiver-granted memory for puts: a region of UCX-allocated memory (the
+//! tensor's receive buffer), and the grant message that hands its remote
+//! key to the sender. Sans-IO apart from the two UCP calls that make and
+//! free a region.
+//!
+//! ```text
+//!   sender                                           receiver
+//!   chunk 0 by tag, frame {ucx_tag, grant_wanted} ─►  first chunk lands; the
+//!                                                     reader places the tensor:
+//!                                                     its buffer becomes a UCX
+//!   ◄──────── tag GRANT|tag: Grant {region, addr,     region (ucp_mem_map,
+//!             len, rkey}  (or a refusal)              ALLOCATE), rkey packed
+//!   ucp_put_nbx(chunk k → addr + offset) ...
+//!   ucp_ep_flush_nbx
+//!   frames {ucx_put} ─────────── mux ──────────────►  Payload::Placed: already there
+//! ```
+//!
+//! On one host, UCX's shared-memory transports allocate the region in a
+//! segment the sender maps when it unpacks the key: each put is one copy,
+//! by the sender, into the receiver's tensor (the tagged rendezvous copies
+//! twice, through UCX's bounce buffers). Grants are answered only for
+//! tensors the reader places (so a `fetch_into` into caller memory keeps
+//! the tagged path), and refused when no region can be had.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ffi;
+use crate::RecvBuf;
+
+/// Tags with this bit carry grants (answers to the chunk whose tag is the
+/// rest); payload tags never have it (they count up from 1).
+pub(crate) const GRANT_BIT: u64 = 1 << 63;
+/// Longest grant message (the packed key of a shared-memory region is a
+/// few dozen bytes; RDMA keys a few hundred).
+pub(crate) const GRANT_MAX: usize = 4096;
+const VERSION: u8 = 1;
+const HEADER: usize = 1 + 1 + 8 + 8 + 8 + 4;
+
+/// What the receiver answers to a chunk that asked for a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Put the rest of the tensor at `addr + offset` through `rkey`.
+    Grant(Grant),
+    /// Send the rest by tag, as usual.
+    Refused,
+}
+
+/// Memory the receiver lends for the rest of one tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// Names the region for the sender's key cache (never reused in the
+    /// receiving process).
+    pub region: u64,
+    /// The tensor's byte 0 in the receiver's address space.
+    pub addr: u64,
+    /// Bytes granted from `addr` (the tensor's payload length).
+    pub len: u64,
+    /// The region's packed remote key.
+    pub rkey: Vec<u8>,
+}
+
+impl Answer {
+    /// The message bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(HEADER + 64);
+        v.push(VERSION);
+        match self {
+            Answer::Refused => {
+                v.push(0);
+                v.resize(HEADER, 0);
+            }
+            Answer::Grant(g) => {
+                v.push(1);
+                v.extend_from_slice(&g.region.to_le_bytes());
+                v.extend_from_slice(&g.addr.to_le_bytes());
+                v.extend_from_slice(&g.len.to_le_bytes());
+                v.extend_from_slice(&(g.rkey.len() as u32).to_le_bytes());
+                v.extend_from_slice(&g.rkey);
+            }
+        }
+        v
+    }
+
+    /// Parses an answer for a tensor of `tensor_len` payload bytes: a grant
+    /// must cover exactly that many, carry a key, and not wrap the address
+    /// space.
+    pub(crate) fn decode(b: &[u8], tensor_len: u64) -> Result<Answer, String> {
+        if b.len() < HEADER || b[0] != VERSION {
+            return Err(format!("a UCX grant of {} bytes (version {:?}) is malformed", b.len(), b.first()));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        match b[1] {
+            0 => return Ok(Answer::Refused),
+            1 => {}
+            k => return Err(format!("a UCX grant of unknown kind {k}")),
+        }
+        let (region, addr, len) = (u64_at(2), u64_at(10), u64_at(18));
+        let klen = u32::from_le_bytes(b[26..30].try_into().expect("4 bytes")) as usize;
+        if b.len() != HEADER + klen || klen == 0 {
+            return Err(format!("a UCX grant declares a {klen}-byte key in {} bytes", b.len()));
+        }
+        if len != tensor_len {
+            return Err(format!("the peer granted {len} bytes for a tensor of {tensor_len}"));
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(format!("a UCX grant at {addr:#x} + {len} wraps the address space"));
+        }
+        Ok(Answer::Grant(Grant { region, addr, len, rkey: b[HEADER..].to_vec() }))
+    }
+}
+
+/// Numbers regions (process-wide, never reused).
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+/// Regions alive, and allocated since the start ([`super::UcxStats`]).
+pub(crate) static REGIONS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static REGIONS_ALLOCATED: AtomicU64 = AtomicU64::new(0);
+/// Grants answered with memory.
+pub(crate) static GRANTS: AtomicU64 = AtomicU64::new(0);
+
+/// UCX-allocated memory (`ucp_mem_map` with `ALLOCATE`) of one context,
+/// unmapped when dropped; it backs a [`RecvBuf`] (so the receive pool
+/// recycles it like any buffer).
+pub(crate) struct Region {
+    ctx: ffi::Ctx,
+    memh: ffi::MemH,
+    base: NonNull<u8>,
+    len: usize,
+    id: u64,
+    /// The packed remote key, made once.
+    rkey: Vec<u8>,
+}
+
+// SAFETY: the memory handle belongs to a context created for several
+// threads (mt_workers_shared); the region is only read through `RecvBuf`.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared references read plain fields.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A new region of at least `len` bytes in `ctx`, as a [`RecvBuf`] of
+    /// length `len`; None when UCX cannot allocate it.
+    pub(crate) fn alloc(ctx: &ffi::Ctx, len: usize) -> Result<RecvBuf, String> {
+        let api = ctx.api;
+        let params = ffi::MemMapParams {
+            field_mask: ffi::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                | ffi::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                | ffi::UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+            address: std::ptr::null_mut(),
+            length: len,
+            flags: ffi::UCP_MEM_MAP_ALLOCATE,
+            prot: 0,
+            _rest: [0; 64],
+        };
+        let mut memh: ffi::MemH = std::ptr::null_mut();
+        // SAFETY: live context, valid params and out-pointer.
+        let s = unsafe { (api.mem_map)(ctx.ctx, &params, &mut memh) };
+        if s != ffi::UCS_OK {
+            return Err(format!("ucp_mem_map({len} bytes): {}", ffi::status_str(api, s)));
+        }
+        let unmap = |why: String| {
+            // SAFETY: the handle mapped above, unmapped once.
+            unsafe { (api.mem_unmap)(ctx.ctx, memh) };
+            Err(why)
+        };
+        let mut attr = ffi::MemAttr {
+            field_mask: ffi::UCP_MEM_ATTR_FIELD_ADDRESS | ffi::UCP_MEM_ATTR_FIELD_LENGTH,
+            address: std::ptr::null_mut(),
+            length: 0,
+            _rest: [0; 32],
+        };
+        // SAFETY: a live handle and a valid out-struct.
+        let s = unsafe { (api.mem_query)(memh, &mut attr) };
+        let Some(base) = NonNull::new(attr.address.cast::<u8>()).filter(|_| s == ffi::UCS_OK && attr.length >= len)
+        else {
+            return unmap(format!("ucp_mem_query: {} ({} bytes)", ffi::status_str(api, s), attr.length));
+        };
+        let (mut packed, mut size): (*mut std::ffi::c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: live context and handle, valid out-pointers.
+        let s = unsafe { (api.rkey_pack)(ctx.ctx, memh, &mut packed, &mut size) };
+        if s != ffi::UCS_OK || packed.is_null() {
+            return unmap(format!("ucp_rkey_pack: {}", ffi::status_str(api, s)));
+        }
+        // SAFETY: UCX returned `size` bytes at `packed`, released just after.
+        let rkey = unsafe { std::slice::from_raw_parts(packed as *const u8, size) }.to_vec();
+        // SAFETY: the buffer ucp_rkey_pack returned, released once.
+        unsafe { (api.rkey_buffer_release)(packed) };
+        let cap = attr.length;
+        let id = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
+        let region = Region { ctx: ctx.clone(), memh, base, len: cap, id, rkey };
+        REGIONS.fetch_add(1, Ordering::Relaxed);
+        REGIONS_ALLOCATED.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: UCX allocated `cap` bytes at `base` for this handle alone
+        // (zero pages of a new segment or mapping: contexts with puts never
+        // allocate from the heap, see `ffi::init`); they live until
+        // `region`, the buffer's owner, unmaps them.
+        Ok(unsafe { RecvBuf::from_foreign(base, cap, len, Box::new(region)) })
+    }
+
+    /// The grant of the first `len` bytes of `buf` if `buf` is a region of
+    /// `ctx` (a recycled one, or one made by [`alloc`](Self::alloc)).
+    pub(crate) fn grant(buf: &RecvBuf, ctx: &ffi::Ctx) -> Option<Grant> {
+        let r = buf.foreign::<Region>().filter(|r| r.ctx.ctx == ctx.ctx)?;
+        debug_assert_eq!(r.base.as_ptr() as *const u8, buf.as_ptr());
+        (buf.len() <= r.len).then(|| Grant {
+            region: r.id,
+            addr: r.base.as_ptr() as u64,
+            len: buf.len() as u64,
+            rkey: r.rkey.clone(),
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the handle mapped in `alloc`, unmapped once; the buffer
+        // over it is being dropped (this is its owner).
+        unsafe { (self.ctx.api.mem_unmap)(self.ctx.ctx, self.memh) };
+        REGIONS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip_and_lies_are_refused() {
+        let g = Grant { region: 7, addr: 0x7f00_0000_0000, len: 1 << 20, rkey: vec![1, 2, 3] };
+        let b = Answer::Grant(g.clone()).encode();
+        assert_eq!(Answer::decode(&b, 1 << 20).unwrap(), Answer::Grant(g.clone()));
+        assert_eq!(Answer::decode(&Answer::Refused.encode(), 5).unwrap(), Answer::Refused);
+        // The wrong size for the tensor, a key longer than the message, no
+        // key, an address range that wraps, a truncated or unknown message.
+        assert!(Answer::decode(&b, 1 << 21).unwrap_err().contains("granted 1048576 bytes for a tensor of 2097152"));
+        let mut long = b.clone();
+        long[26] = 200;
+        assert!(Answer::decode(&long, 1 << 20).is_err());
+        let nokey = Answer::Grant(Grant { rkey: vec![], ..g.clone() }).encode();
+        assert!(Answer::decode(&nokey, 1 << 20).is_err());
+        let wrap = Answer::Grant(Grant { addr: u64::MAX - 10, ..g.clone() }).encode();
+        assert!(Answer::decode(&wrap, 1 << 20).unwrap_err().contains("wraps"));
+        assert!(Answer::decode(&b[..10], 1 << 20).is_err());
+        let mut kind = b.clone();
+        kind[1] = 9;
+        assert!(Answer::decode(&kind, 1 << 20).is_err());
+        let mut version = b;
+        version[0] = 2;
+        assert!(Answer::decode(&version, 1 << 20).is_err());
+    }
+}
