@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use tensorwire::builtins::random_tensor;
-use tensorwire::{Client, DType, ServerConfig};
+use tensorwire::{Client, ClientConfig, Compression, CompressionMode, DType, Encoding, ServerConfig, Tensor};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{
     self as transports, Frame, FrameHeader, Payload, Placement, RecvBuf, StreamKind, TransportConfig, ucx,
@@ -558,4 +558,92 @@ async fn concurrent_large_tensors_by_put_and_by_tag_arrive_intact() {
         assert!(after.grants >= before.grants + 4 * 3, "{before:?} -> {after:?}");
     }
     assert_eq!(after.operations_outstanding, 0, "{after:?}");
+}
+
+/// A granted tensor whose reader also needs the buffer mid-tensor (chunk
+/// checksums to check; chunks that compress, arriving inline) completes:
+/// the grant does not keep the buffer locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_tensors_with_checksums_or_compressed_chunks_complete() {
+    let (server, _dir) = start(store_server(ServerConfig::default()), "ucx").await;
+    // 1 MiB that does not compress, then 31 MiB of zeros that do.
+    let mut bytes = random_tensor(DType::UInt8, &[1 << 20], 5).unwrap().as_bytes().unwrap().to_vec();
+    bytes.resize(32 << 20, 0);
+    let mixed = Tensor::from_vec([32usize << 20], bytes).unwrap().with_name("mixed");
+    let plain = random_tensor(DType::Float32, &[4 << 20], 6).unwrap().with_name("plain");
+    let encodings = [
+        Encoding { chunk_checksums: Some(true), checksums: true, ..Encoding::default() },
+        Encoding { compression: CompressionMode::Fixed(Compression::Lz4), ..Encoding::default() },
+    ];
+    for encoding in encodings {
+        let cfg = ClientConfig { encoding, ..ClientConfig::default() };
+        let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+        for t in [&mixed, &plain] {
+            let name = t.name().unwrap().to_string();
+            let limit = Duration::from_secs(30);
+            tokio::time::timeout(limit, client.send(vec![t.clone()])).await.expect("no hang").unwrap();
+            let back = tokio::time::timeout(limit, client.fetch_one(&name)).await.expect("no hang").unwrap();
+            assert_same(t, &back);
+        }
+    }
+}
+
+/// A grant that ends before the tensor's last chunk (the reader gave up)
+/// leaves a region the sender may still write into: it is never handed out
+/// again (the pool frees it), while a grant that completes leaves it
+/// reusable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_abandoned_mid_tensor_is_never_recycled() {
+    let puts = ucx::ucx_puts(true).unwrap();
+    let cfg = TransportConfig::default();
+    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
+    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
+    let url = listener.local_endpoint();
+    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
+    let (client, server) = (client.unwrap(), server.unwrap());
+    const TOTAL: usize = 16 << 20;
+    const PART: usize = 1 << 20;
+    let frames = || -> Vec<Frame> {
+        (0..TOTAL / PART)
+            .map(|i| {
+                let c = v1::Chunk {
+                    tensor_id: 1,
+                    index: i as u32,
+                    offset: (i * PART) as u64,
+                    total_bytes: TOTAL as u64,
+                    raw_len: PART as u64,
+                    last: (i + 1) * PART == TOTAL,
+                    compression: v1::Compression::None as i32,
+                    ..Default::default()
+                };
+                Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: vec![i as u8; PART].into() }
+            })
+            .collect()
+    };
+    for abandon in [false, true] {
+        let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+        let f = frames();
+        let sending = tokio::spawn(async move { tx.send_batch(f, true).await });
+        let mut inc = server.accept().await.unwrap();
+        let first = inc.recv.recv().await.unwrap().expect("the first chunk");
+        let Some(Kind::Chunk(c0)) = first.header.kind else { panic!("not a chunk") };
+        if !puts {
+            // Over UCX's tcp nothing is asked for (nor granted).
+            assert!(!c0.ucx_grant);
+            return;
+        }
+        let placement = Placement::new(RecvBuf::try_zeroed(TOTAL).unwrap(), 1);
+        inc.recv.place(Some(placement.clone()));
+        let r = inc.recv.recv().await.unwrap().expect("a put chunk");
+        let Kind::Chunk(c) = r.header.kind.unwrap() else { panic!("not a chunk") };
+        assert!(c.ucx_put);
+        if !abandon {
+            while inc.recv.recv().await.unwrap().is_some() {}
+        }
+        inc.recv.place(None);
+        let buf = placement.into_inner().await;
+        assert_eq!(buf.reusable(), !abandon, "abandoned: {abandon}");
+        drop(inc);
+        let _ = sending.await;
+    }
 }

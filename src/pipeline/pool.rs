@@ -316,7 +316,8 @@ impl Drop for Lease {
         let buf = std::mem::take(&mut self.buf);
         // A buffer taken and never put back (a failed placement) is gone;
         // its reservation is released with the lease.
-        if let (Some(r), true) = (self.reservation.take(), buf.capacity() > 0) {
+        // Nor does one a peer may still write into (see `RecvBuf::reusable`).
+        if let (Some(r), true) = (self.reservation.take(), buf.capacity() > 0 && buf.reusable()) {
             home.give_back(buf, r);
         }
     }

@@ -64,7 +64,18 @@ enum Backing {
     Mapped,
     /// Memory a transport allocated (UCX's registered memory): the owner
     /// frees it when dropped.
-    Foreign(Box<dyn std::any::Any + Send + Sync>),
+    Foreign(Box<dyn Foreign>),
+}
+
+/// The owner of a transport's memory behind a [`RecvBuf`].
+pub(crate) trait Foreign: std::any::Any + Send + Sync {
+    /// False once the memory must not be handed out again (a peer may
+    /// still write into it): the receive pool then frees it instead.
+    fn reusable(&self) -> bool {
+        true
+    }
+    /// For downcasting.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl std::fmt::Debug for Backing {
@@ -176,12 +187,7 @@ impl RecvBuf {
     /// writes, used by nothing else, and alive until `owner` is dropped;
     /// `len <= cap`.
     #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
-    pub(crate) unsafe fn from_foreign(
-        ptr: NonNull<u8>,
-        cap: usize,
-        len: usize,
-        owner: Box<dyn std::any::Any + Send + Sync>,
-    ) -> Self {
+    pub(crate) unsafe fn from_foreign(ptr: NonNull<u8>, cap: usize, len: usize, owner: Box<dyn Foreign>) -> Self {
         Self { ptr, len: len.min(cap), cap, backing: Backing::Foreign(owner), prefault: None }
     }
 
@@ -190,8 +196,17 @@ impl RecvBuf {
     #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
     pub(crate) fn foreign<T: 'static>(&self) -> Option<&T> {
         match &self.backing {
-            Backing::Foreign(o) => o.downcast_ref::<T>(),
+            Backing::Foreign(o) => o.as_any().downcast_ref::<T>(),
             _ => None,
+        }
+    }
+
+    /// Whether the buffer may be recycled for another receive (false for
+    /// transport memory a peer may still write into).
+    pub fn reusable(&self) -> bool {
+        match &self.backing {
+            Backing::Foreign(o) => o.reusable(),
+            _ => true,
         }
     }
 

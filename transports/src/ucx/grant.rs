@@ -23,7 +23,8 @@
 //! the tagged path), and refused when no region can be had.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::ffi;
 use crate::RecvBuf;
@@ -129,6 +130,9 @@ pub(crate) struct Region {
     id: u64,
     /// The packed remote key, made once.
     rkey: Vec<u8>,
+    /// Set when a grant of it ended before its last put: the peer may still
+    /// write into it, so it is never recycled (freed instead).
+    poisoned: Arc<AtomicBool>,
 }
 
 // SAFETY: the memory handle belongs to a context created for several
@@ -187,7 +191,7 @@ impl Region {
         unsafe { (api.rkey_buffer_release)(packed) };
         let cap = attr.length;
         let id = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
-        let region = Region { ctx: ctx.clone(), memh, base, len: cap, id, rkey };
+        let region = Region { ctx: ctx.clone(), memh, base, len: cap, id, rkey, poisoned: Arc::default() };
         REGIONS.fetch_add(1, Ordering::Relaxed);
         REGIONS_ALLOCATED.fetch_add(1, Ordering::Relaxed);
         // SAFETY: UCX allocated `cap` bytes at `base` for this handle alone
@@ -198,16 +202,22 @@ impl Region {
     }
 
     /// The grant of the first `len` bytes of `buf` if `buf` is a region of
-    /// `ctx` (a recycled one, or one made by [`alloc`](Self::alloc)).
-    pub(crate) fn grant(buf: &RecvBuf, ctx: &ffi::Ctx) -> Option<Grant> {
-        let r = buf.foreign::<Region>().filter(|r| r.ctx.ctx == ctx.ctx)?;
+    /// `ctx` (a recycled one, or one made by [`alloc`](Self::alloc)), and
+    /// the flag that poisons the region should the grant end early.
+    pub(crate) fn grant(buf: &RecvBuf, ctx: &ffi::Ctx) -> Option<(Grant, Arc<AtomicBool>)> {
+        let r = buf.foreign::<Region>().filter(|r| r.ctx.ctx == ctx.ctx && !r.poisoned.load(Ordering::Acquire))?;
         debug_assert_eq!(r.base.as_ptr() as *const u8, buf.as_ptr());
-        (buf.len() <= r.len).then(|| Grant {
-            region: r.id,
-            addr: r.base.as_ptr() as u64,
-            len: buf.len() as u64,
-            rkey: r.rkey.clone(),
-        })
+        let g = Grant { region: r.id, addr: r.base.as_ptr() as u64, len: buf.len() as u64, rkey: r.rkey.clone() };
+        (buf.len() <= r.len).then(|| (g, r.poisoned.clone()))
+    }
+}
+
+impl crate::buf::Foreign for Region {
+    fn reusable(&self) -> bool {
+        !self.poisoned.load(Ordering::Acquire)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

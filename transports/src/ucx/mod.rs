@@ -68,7 +68,8 @@
 //! outlives its memory. Granted regions are `RecvBuf`s the receive pool
 //! recycles (so a steady stream of tensors reuses warm ones, and the pool's
 //! memory budget bounds them); a region is unmapped when its buffer is
-//! freed, never while a stream holds it granted. A sender keeps the keys of
+//! freed, and one whose grant ended before the tensor's last chunk (the
+//! reader gave up; the sender may still put) is never recycled. A sender keeps the keys of
 //! the last 8 regions it was granted unpacked (an unpacked key of a
 //! shared-memory region maps its segment), destroyed with the worker.
 //!

@@ -27,7 +27,7 @@
 //! the stream so that a delivery error reaches the sender.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
@@ -386,8 +386,11 @@ pub(crate) struct UcxRecv {
     /// (the asking chunk's tag, its tensor, the bytes it brought).
     wanted: Option<(u64, u64, u64)>,
     /// The tensor whose buffer the sender may put into, its length, and
-    /// the buffer (locked while puts may land in it).
-    granted: Option<(u64, u64, Arc<LockedRegion>)>,
+    /// the region's poison flag (set should the grant end before the
+    /// tensor's last chunk: the sender may still write, so the region is
+    /// then never recycled). The buffer is not locked meanwhile: the reader
+    /// may write inline chunks or check checksums of other ranges.
+    granted: Option<(u64, u64, Arc<AtomicBool>)>,
 }
 
 impl UcxRecv {
@@ -401,6 +404,14 @@ impl UcxRecv {
             posted_end: 0,
             wanted: None,
             granted: None,
+        }
+    }
+
+    /// Ends the grant of the tensor in progress, if any, before its last
+    /// chunk: its region is never recycled (the sender may still put).
+    fn abandon_grant(&mut self) {
+        if let Some((_, _, poisoned)) = self.granted.take() {
+            poisoned.store(true, Ordering::Release);
         }
     }
 
@@ -423,7 +434,7 @@ impl UcxRecv {
         }
         let Some(mut guard) = p.try_lock_owned() else { return self.refuse() };
         let ctx = &self.rv.worker.ctx;
-        let grant = match Region::grant(&guard, ctx) {
+        let (grant, poisoned) = match Region::grant(&guard, ctx) {
             Some(g) => g,
             None => match Region::alloc(ctx, guard.len()) {
                 Ok(mut region) => {
@@ -441,11 +452,10 @@ impl UcxRecv {
                 }
             },
         };
+        drop(guard);
         self.wanted = None;
-        let len = grant.len;
-        let locked = Arc::new(LockedRegion::new(guard));
-        self.region = Arc::downgrade(&locked);
-        self.granted = Some((tensor_id, len, locked));
+        self.abandon_grant();
+        self.granted = Some((tensor_id, grant.len, poisoned));
         super::grant::GRANTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         drop(self.rv.worker.send(GRANT_BIT | tag, Bytes::from(Answer::Grant(grant).encode())));
     }
@@ -474,9 +484,6 @@ impl UcxRecv {
             || c.shm_segment != 0
         {
             return bad("a put chunk frame must be uncompressed and carry no payload".into());
-        }
-        if c.last {
-            self.granted = None;
         }
         Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
     }
@@ -627,6 +634,14 @@ impl RecvStream for UcxRecv {
         let r = self.recv_next().await?;
         if let Some(r) = &r {
             self.note_ask(r);
+            // The tensor's last chunk, put or not: the sender flushed its
+            // puts before it, and puts no more into this grant.
+            if let (Some(Kind::Chunk(c)), Some((id, _, _))) = (&r.header.kind, &self.granted)
+                && c.last
+                && c.tensor_id == *id
+            {
+                self.granted = None;
+            }
         }
         Ok(r)
     }
@@ -640,7 +655,7 @@ impl RecvStream for UcxRecv {
             self.grant(p);
         } else {
             self.refuse();
-            self.granted = None;
+            self.abandon_grant();
             self.placement = None;
             self.region = Weak::new();
             self.posted_end = 0;
@@ -656,6 +671,7 @@ impl RecvStream for UcxRecv {
 impl Drop for UcxRecv {
     fn drop(&mut self) {
         self.refuse();
+        self.abandon_grant();
     }
 }
 

@@ -913,12 +913,16 @@ impl Progress {
         if s != ffi::UCS_OK {
             return Err(format!("ucp_ep_rkey_unpack: {}", ffi::status_str(api, s)));
         }
-        if self.rkeys.len() >= RKEYS_MAX && !self.ops.values().any(|o| matches!(o.kind, OpKind::Put { .. })) {
-            let (_, old) = self.rkeys.remove(0);
-            // SAFETY: a key unpacked here, no put in flight uses any key.
-            unsafe { (api.rkey_destroy)(old) };
-        }
         self.rkeys.push((region, rkey));
+        // The least recently used keys beyond the bound go (not the one just
+        // unpacked), once no put is in flight.
+        if !self.ops.values().any(|o| matches!(o.kind, OpKind::Put { .. })) {
+            while self.rkeys.len() > RKEYS_MAX {
+                let (_, old) = self.rkeys.remove(0);
+                // SAFETY: a key unpacked here, no put in flight uses any key.
+                unsafe { (api.rkey_destroy)(old) };
+            }
+        }
         Ok(rkey)
     }
 
@@ -1095,6 +1099,11 @@ impl Progress {
                 // SAFETY: a live request of this worker.
                 unsafe { (api.request_cancel)(self.raw.worker, op.request) };
             }
+        }
+        // Keys go before their endpoint (none is used by an operation: puts
+        // into shared memory complete when issued; otherwise after the close).
+        if !self.ops.values().any(|o| matches!(o.kind, OpKind::Put { .. })) {
+            self.drop_rkeys();
         }
         // Close the endpoint without flushing (the peer may be gone).
         let mut param = ffi::RequestParam::zeroed();
