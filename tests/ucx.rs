@@ -436,19 +436,21 @@ async fn puts_land_only_in_granted_memory() {
         };
         Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.to_vec().into() }
     };
+    // Sends the whole tensor, chunk by chunk, on a new stream.
+    let send_all = || {
+        let client = client.clone();
+        let frames: Vec<Frame> =
+            (0..TOTAL / PART).map(|i| chunk(i as u32, i * PART, PART, false, &data[i * PART..][..PART])).collect();
+        tokio::spawn(async move {
+            let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+            tx.send_batch(frames, true).await
+        })
+    };
     let before = ucx::stats();
 
     // Granted: the first chunk asks, the receiver places the tensor, the
     // rest is put, bit-exact, and counted (placed by tag without puts).
-    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
-    let send = {
-        let data = data.clone();
-        tokio::spawn(async move {
-            let frames: Vec<Frame> =
-                (0..TOTAL / PART).map(|i| chunk(i as u32, i * PART, PART, false, &data[i * PART..][..PART])).collect();
-            tx.send_batch(frames, true).await
-        })
-    };
+    let send = send_all();
     let mut inc = server.accept().await.unwrap();
     let first = inc.recv.recv().await.unwrap().unwrap();
     let Payload::Bytes(p0) = &first.payload else { panic!("the first chunk is not placed") };
@@ -474,15 +476,7 @@ async fn puts_land_only_in_granted_memory() {
     assert_eq!(after.bytes_put, before.bytes_put + put, "{before:?} -> {after:?}");
 
     // Not placed: the ask is refused and the rest comes by tag.
-    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
-    let send = {
-        let data = data.clone();
-        tokio::spawn(async move {
-            let frames: Vec<Frame> =
-                (0..TOTAL / PART).map(|i| chunk(i as u32, i * PART, PART, false, &data[i * PART..][..PART])).collect();
-            tx.send_batch(frames, true).await
-        })
-    };
+    let send = send_all();
     let mut inc = server.accept().await.unwrap();
     let mut got = Vec::new();
     while let Some(r) = inc.recv.recv().await.unwrap() {

@@ -434,24 +434,17 @@ impl UcxRecv {
         }
         let Some(mut guard) = p.try_lock_owned() else { return self.refuse() };
         let ctx = &self.rv.worker.ctx;
-        let (grant, poisoned) = match Region::grant(&guard, ctx) {
-            Some(g) => g,
-            None => match Region::alloc(ctx, guard.len()) {
+        if Region::grant(&guard, ctx).is_none() {
+            match Region::alloc(ctx, guard.len()) {
                 Ok(mut region) => {
                     let n = (first as usize).min(guard.len());
                     region[..n].copy_from_slice(&guard[..n]);
-                    let _old = std::mem::replace(&mut *guard, region);
-                    match Region::grant(&guard, ctx) {
-                        Some(g) => g,
-                        None => return self.refuse(),
-                    }
+                    *guard = region;
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "no UCX region for a grant; the tensor goes by tag");
-                    return self.refuse();
-                }
-            },
-        };
+                Err(e) => tracing::debug!(error = %e, "no UCX region for a grant; the tensor goes by tag"),
+            }
+        }
+        let Some((grant, poisoned)) = Region::grant(&guard, ctx) else { return self.refuse() };
         drop(guard);
         self.wanted = None;
         self.abandon_grant();
@@ -648,17 +641,15 @@ impl RecvStream for UcxRecv {
 
     fn place(&mut self, target: Option<Placement>) {
         // Chunks that come through the socket are placed by the mux.
-        if let Some(p) = &target {
-            self.placement = target.clone();
-            self.region = Weak::new();
-            self.posted_end = 0;
-            self.grant(p);
-        } else {
-            self.refuse();
-            self.abandon_grant();
-            self.placement = None;
-            self.region = Weak::new();
-            self.posted_end = 0;
+        self.placement = target.clone();
+        self.region = Weak::new();
+        self.posted_end = 0;
+        match &target {
+            Some(p) => self.grant(p),
+            None => {
+                self.refuse();
+                self.abandon_grant();
+            }
         }
         self.inner.place(target)
     }
