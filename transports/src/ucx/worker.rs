@@ -55,6 +55,32 @@ static ABANDONED: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_SENT: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_PUT: AtomicU64 = AtomicU64::new(0);
+/// Set when the process exits: every progress thread tears down.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Runs at process exit (registered once, after libucx was loaded, so
+/// before its library destructors): stops the progress threads and waits
+/// (bounded) until they have destroyed their workers. Handles no longer
+/// join their thread, so without this a thread still tearing down when
+/// `main` returns ran into UCX's destructors (a SIGSEGV in
+/// `ucs_async_context_cleanup`, seen about once in 50 test runs).
+extern "C" fn stop_at_exit() {
+    EXITING.store(true, Ordering::Release);
+    // A sleeping thread notices within its poll timeout (1 s).
+    let deadline = Instant::now() + TEARDOWN + Duration::from_millis(1500);
+    while WORKERS.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn stop_threads_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain `extern "C" fn()` that touches only atomics
+    // and sleeps.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(stop_at_exit);
+    });
+}
 
 /// Remote keys one worker keeps unpacked (one per region the peer granted
 /// lately; an unpacked key of a shared-memory region maps its segment).
@@ -399,12 +425,19 @@ impl WorkerHandle {
         let shared = pending.shared.clone();
         let ep = EpPtr(ep);
         let name = format!("tw-ucx {}", pending.peer);
+        stop_threads_at_exit();
+        // Counted from here (not from the thread's start), so that an exit
+        // right after this waits for it too.
+        WORKERS.fetch_add(1, Ordering::AcqRel);
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || {
                 Progress { raw, ep: ep.get(), spin, shared, ops: HashMap::new(), next: 1, rkeys: Vec::new() }.run()
             })
-            .map_err(|e| format!("cannot start the UCX progress thread: {e}"))?;
+            .map_err(|e| {
+                WORKERS.fetch_sub(1, Ordering::AcqRel);
+                format!("cannot start the UCX progress thread: {e}")
+            })?;
         Ok(())
     }
 
@@ -700,7 +733,6 @@ unsafe extern "C" fn on_recv(
 
 impl Progress {
     fn run(mut self) {
-        WORKERS.fetch_add(1, Ordering::Relaxed);
         let api = self.raw.api;
         let mut efd: libc::c_int = -1;
         // SAFETY: live worker (created with UCP_FEATURE_WAKEUP).
@@ -713,7 +745,7 @@ impl Progress {
         let mut end_deadline = None;
         // When the thread last went idle (None while busy).
         let mut idle_since: Option<Instant> = None;
-        while !self.shared.stop.load(Ordering::Acquire) {
+        while !self.shared.stop.load(Ordering::Acquire) && !EXITING.load(Ordering::Acquire) {
             let cmds = lock(&self.shared.queue).as_mut().map(std::mem::take).unwrap_or_default();
             let had_cmds = !cmds.is_empty();
             for c in cmds {
@@ -1167,6 +1199,6 @@ impl Progress {
                 drop(stuck);
             }
         }
-        WORKERS.fetch_sub(1, Ordering::Relaxed);
+        WORKERS.fetch_sub(1, Ordering::AcqRel);
     }
 }
