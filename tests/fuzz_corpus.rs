@@ -21,6 +21,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("shm_ring", tensorwire::fuzzing::shm_ring),
     ("handshake", tensorwire::fuzzing::handshake),
     ("grpc_messages", tensorwire::fuzzing::grpc_messages),
+    ("ucx_grant", tensorwire::fuzzing::ucx_grant),
 ];
 
 fn corpus(name: &str) -> std::path::PathBuf {

@@ -257,6 +257,12 @@ pub fn shm_side_channel(data: &[u8]) {
     tensorwire_transports::shm::fuzz::side_channel(data);
 }
 
+/// The grant a `ucx://` receiver answers with (a sender's view of a
+/// hostile answer): see `tensorwire_transports::ucx::fuzz_grant`.
+pub fn ucx_grant(data: &[u8]) {
+    tensorwire_transports::ucx::fuzz_grant(data);
+}
+
 /// A shared-memory ring between two processes, with a peer that
 /// scribbles over its control words: see `tensorwire_transports::shm::fuzz::ring`.
 pub fn shm_ring(data: &[u8]) {

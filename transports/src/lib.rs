@@ -48,7 +48,7 @@ pub mod tcp;
 pub mod tcps;
 #[cfg(feature = "tls")]
 pub mod tls;
-#[cfg(feature = "ucx")]
+#[cfg(any(feature = "ucx", feature = "fuzzing"))]
 pub mod ucx;
 #[cfg(feature = "unix")]
 pub mod unix;

@@ -24,7 +24,8 @@
 //!
 //! Files, by concern (imports go one way, down this list):
 //! * `ffi`: the hand-written UCP declarations, loaded with `dlopen`.
-//! * `grant`: UCX-allocated receive buffers and the grant message for puts.
+//! * `answer`: the grant message for puts (sans-IO; built for fuzzing too).
+//! * `grant`: UCX-allocated receive buffers, granted for puts.
 //! * `worker`: a UCP worker and its endpoint on their own progress thread.
 //! * `stream`: the mux's byte stream over the UCP stream, and its close.
 //! * `rendezvous`: the streams, diverting large payloads to UCX.
@@ -89,13 +90,26 @@
 //! memory itself (Debian's UCX: `host` only); the client logs which case it
 //! is at the first GPU transfer over `ucx://`.
 
+mod answer;
+#[cfg(feature = "ucx")]
 mod conn;
+#[cfg(feature = "ucx")]
 mod ffi;
+#[cfg(feature = "ucx")]
 mod grant;
+#[cfg(feature = "ucx")]
 mod rendezvous;
+#[cfg(feature = "ucx")]
 mod stream;
+#[cfg(feature = "ucx")]
 mod worker;
 
+/// The grant message's fuzz entry point (see `tensorwire::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub use answer::fuzz as fuzz_grant;
+#[cfg(feature = "ucx")]
 pub use conn::{connect, listen};
+#[cfg(feature = "ucx")]
 pub use ffi::{ucx_memory_types, ucx_peer_failure_detection, ucx_puts, ucx_transports, ucx_version};
+#[cfg(feature = "ucx")]
 pub use worker::{UcxStats, stats};

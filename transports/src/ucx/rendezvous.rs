@@ -35,7 +35,8 @@ use bytes::Bytes;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tokio::sync::oneshot;
 
-use super::grant::{Answer, GRANT_BIT, GRANT_MAX, Grant, Region};
+use super::answer::{Answer, Grant};
+use super::grant::{GRANT_BIT, GRANT_MAX, Region};
 use super::worker::{Landed, LockedRegion, Put, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
