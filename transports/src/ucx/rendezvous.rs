@@ -479,6 +479,7 @@ impl UcxRecv {
         {
             return bad("a put chunk frame must be uncompressed and carry no payload".into());
         }
+        super::worker::count_put_received(c.raw_len);
         Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
     }
 

@@ -94,7 +94,8 @@ pub struct UcxStats {
     pub operations_outstanding: u64,
     /// Payload bytes UCX delivered to peers.
     pub bytes_sent: u64,
-    /// Payload bytes received through UCX.
+    /// Payload bytes received through UCX (by tag, or put into memory
+    /// this process granted).
     pub bytes_received: u64,
     /// UCP workers alive (one per connection).
     pub workers: u64,
@@ -116,6 +117,12 @@ pub struct UcxStats {
     /// Regions allocated since the start (a steady stream of tensors
     /// reuses them through the receive pool).
     pub regions_allocated: u64,
+}
+
+/// Counts payload bytes a peer put into granted memory (the receiver sees
+/// them when their frame arrives).
+pub(crate) fn count_put_received(n: u64) {
+    BYTES_RECEIVED.fetch_add(n, Ordering::Relaxed);
 }
 
 /// The counters now.
