@@ -191,12 +191,14 @@ pub struct Head {
 impl Head {
     /// Appends the head.
     pub fn encode(&self, out: &mut impl BufMut) {
-        out.put_u32_le(self.stream);
-        out.put_u8(self.kind as u8);
-        out.put_u8(self.flags);
-        out.put_u16_le(0);
-        out.put_u32_le(self.meta_len);
-        out.put_u32_le(self.value);
+        // One slice, not six small writes (each a `memcpy` call into a `BytesMut`).
+        let mut b = [0u8; HEAD_LEN];
+        b[..4].copy_from_slice(&self.stream.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[5] = self.flags;
+        b[8..12].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[12..].copy_from_slice(&self.value.to_le_bytes());
+        out.put_slice(&b);
     }
 
     /// Parses and checks a head against the limits (before anything is

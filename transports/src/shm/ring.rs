@@ -19,13 +19,15 @@
 //!   outside the mapping (it can only garble its own stream, which the
 //!   mux's frame decoder then rejects).
 //! - **Waking.** A side that finds nothing to do first spins (re-polls its
-//!   task, so other tasks still run) for [`ShmConfig::spin`] after the
+//!   task once the other ready tasks have run and the runtime has checked
+//!   its timers and I/O: `spin_again`) for [`ShmConfig::spin`] after the
 //!   connection's last activity, then sets its "waiting" word and sleeps
 //!   on a doorbell (a Unix datagram socket pair) that the other side rings
 //!   only when it sees that word (a store, a full fence, a load on each
 //!   side: no lost wake-ups). An idle connection costs nothing; a busy one
-//!   makes no system calls. Each side owns its ends' file descriptions and
-//!   never blocks on them (see `doorbell`).
+//!   rings no doorbells (the runtime's non-blocking I/O check between
+//!   spins is its only system call). Each side owns its ends' file
+//!   descriptions and never blocks on them (see `doorbell`).
 //! - **Liveness.** The Unix socket stays open beside the rings and carries
 //!   nothing: its end of stream tells a reader that the peer closed or
 //!   died, and its hang-up tells a writer waiting for room that nobody
@@ -442,6 +444,23 @@ impl Spin {
     }
 }
 
+/// Polls again soon: after the tasks that are ready to run, and after the
+/// runtime has looked at its timers and I/O (tokio's `yield_now`, whose
+/// wake-up is deferred until then). Waking itself instead would keep a
+/// spinning task always in the run queue, and a current-thread runtime polls
+/// its `block_on` future only when the queue runs dry or every 61 tasks: a
+/// caller waiting there would wait microseconds for every reply.
+fn spin_again<T>(cx: &mut Context<'_>) -> Poll<T> {
+    // The first poll registers the deferred wake-up; the future itself is
+    // not needed after it.
+    let y = std::pin::pin!(tokio::task::yield_now());
+    if std::future::Future::poll(y, cx).is_ready() {
+        // Not reached (a fresh yield is pending once): poll again anyway.
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
+}
+
 /// A doorbell: a connected pair of Unix datagram sockets, `(sleeper,
 /// ringer)`. The sleeping side waits for its end to become readable and
 /// drains it; the other side sends one byte to wake it. Unlike an eventfd,
@@ -692,8 +711,7 @@ impl AsyncRead for RingReader {
                 continue;
             }
             if this.spin.spinning(&this.activity) {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                return spin_again(cx);
             }
             if this.rx.arm()? {
                 continue;
@@ -789,8 +807,7 @@ impl AsyncWrite for RingWriter {
                 r => return Poll::Ready(r),
             }
             if this.spin.spinning(&this.activity) {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                return spin_again(cx);
             }
             if this.tx.arm()? {
                 continue;
@@ -849,6 +866,10 @@ impl AsyncWrite for RingWriter {
 impl crate::mux::MuxWrite for RingWriter {
     fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.write_now(bufs)
+    }
+
+    fn syscall_free(&self) -> bool {
+        true
     }
 }
 
