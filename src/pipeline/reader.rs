@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tensorwire_codecs::tensor::aligned;
 use tensorwire_codecs::{CodecKind, DType, DecodeError, Storage, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
-use tensorwire_transports::{FrameHeader, Payload, Placement, RecvStream};
+use tensorwire_transports::{FrameHeader, Payload, Placement, Received, RecvStream, StreamError};
 
 use super::budget::MemoryBudget;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
@@ -109,8 +109,17 @@ impl FrameReader {
         }
     }
 
+    /// The stream's next frame: taken at once when the transport already
+    /// holds it, else awaited.
+    async fn recv_frame(&mut self) -> Result<Option<Received>, StreamError> {
+        match self.recv.try_recv() {
+            Some(r) => r,
+            None => self.recv.recv().await,
+        }
+    }
+
     pub(crate) async fn next(&mut self) -> Result<Item, CallError> {
-        let Some(r) = self.recv.recv().await? else { return Ok(Item::End) };
+        let Some(r) = self.recv_frame().await? else { return Ok(Item::End) };
         match r.header.kind {
             Some(Kind::Chunk(c)) => {
                 let Payload::Bytes(p) = r.payload else {
@@ -170,7 +179,7 @@ impl FrameReader {
     /// [`CallError::InvalidArgument`] before any byte is written, and no
     /// chunk is ever written past `dst`.
     pub(crate) async fn next_into(&mut self, dst: &mut [u8], want: Option<DType>) -> Result<IntoItem, CallError> {
-        let Some(r) = self.recv.recv().await? else { return Ok(IntoItem::End) };
+        let Some(r) = self.recv_frame().await? else { return Ok(IntoItem::End) };
         let c = match r.header.kind {
             Some(Kind::Chunk(c)) => c,
             Some(_) => return Ok(IntoItem::Control(r.header)),
@@ -238,7 +247,7 @@ impl FrameReader {
 
     /// The next frame, which must be a chunk of the tensor in progress.
     async fn next_chunk(&mut self) -> Result<(v1::Chunk, Payload), CallError> {
-        let Some(r) = self.recv.recv().await? else {
+        let Some(r) = self.recv_frame().await? else {
             return Err(self.protocol("the stream ended in the middle of a tensor"));
         };
         match r.header.kind {

@@ -494,6 +494,14 @@ pub trait SendStream: Send + 'static {
 pub trait RecvStream: Send + 'static {
     /// The next frame, or `None` once the peer finished.
     async fn recv(&mut self) -> Result<Option<Received>, StreamError>;
+    /// What [`recv`](RecvStream::recv) would return right now, when the
+    /// transport already holds it; `None` when the caller should await
+    /// `recv` (nothing is here yet, or this transport cannot tell without
+    /// waiting). A small call's frames usually arrive together: taking
+    /// them this way spares a boxed future per frame (default: `None`).
+    fn try_recv(&mut self) -> Option<Result<Option<Received>, StreamError>> {
+        None
+    }
     /// Registers (or with `None`, withdraws) a buffer for payloads to be
     /// written into directly. Transports that cannot do this ignore it and
     /// return payloads as [`Payload::Bytes`].

@@ -215,27 +215,29 @@ impl MuxRecv {
             let _ = sh.writer.write_or_push([Out::Window { id: self.stream.id(), inc }]);
         }
     }
-}
 
-#[async_trait]
-impl RecvStream for MuxRecv {
-    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+    /// What `recv` returns without waiting for an event: the end, or a
+    /// reset (frames still queued dropped). None: look at the events.
+    fn settled(&mut self) -> Option<Result<Option<Received>, StreamError>> {
         if self.done {
-            return Ok(None);
+            return Some(Ok(None));
         }
         let reset = lock(&self.stream.inner).reset;
-        if let Some(code) = reset {
-            // The sender abandoned the stream: frames still queued are
-            // dropped (their credit returned), so a receiver stops at once
-            // instead of working through what a cancelled call had sent.
-            let cost = lock(&self.stream.inner).events.as_mut().map_or(0, Events::discard);
-            if cost > 0 {
-                self.consumed(cost);
-            }
-            self.done = true;
-            return Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code });
+        let code = reset?;
+        // The sender abandoned the stream: frames still queued are dropped
+        // (their credit returned), so a receiver stops at once instead of
+        // working through what a cancelled call had sent.
+        let cost = lock(&self.stream.inner).events.as_mut().map_or(0, Events::discard);
+        if cost > 0 {
+            self.consumed(cost);
         }
-        match self.next_event().await {
+        self.done = true;
+        Some(Err(StreamError::Reset { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code }))
+    }
+
+    /// What `recv` returns for `event` (None: the events are gone with the connection).
+    fn on_event(&mut self, event: Option<Event>) -> Result<Option<Received>, StreamError> {
+        match event {
             Some(Event::Frame(r, cost)) => {
                 self.consumed(cost);
                 Ok(Some(r))
@@ -251,6 +253,28 @@ impl RecvStream for MuxRecv {
             Some(Event::Error(e)) => Err(e),
             None => Err(self.shared.error()),
         }
+    }
+}
+
+#[async_trait]
+impl RecvStream for MuxRecv {
+    async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
+        if let Some(r) = self.settled() {
+            return r;
+        }
+        let event = self.next_event().await;
+        self.on_event(event)
+    }
+
+    fn try_recv(&mut self) -> Option<Result<Option<Received>, StreamError>> {
+        if let Some(r) = self.settled() {
+            return Some(r);
+        }
+        let event = match lock(&self.stream.inner).events.as_mut() {
+            Some(ev) => Some(ev.try_next()?),
+            None => None,
+        };
+        Some(self.on_event(event))
     }
 
     fn place(&mut self, target: Option<Placement>) {

@@ -66,6 +66,11 @@ impl Events {
         }
     }
 
+    /// The next event if one is queued.
+    pub(crate) fn try_next(&mut self) -> Option<Event> {
+        self.queue.pop_front()
+    }
+
     /// Drops what is queued; returns the credit of the frames dropped.
     pub(crate) fn discard(&mut self) -> u64 {
         self.queue.drain(..).map(|ev| if let Event::Frame(_, cost) = ev { cost } else { 0 }).sum()

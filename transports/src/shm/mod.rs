@@ -75,7 +75,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -495,7 +494,7 @@ impl Connection for ShmConnection {
         let (tx, rx) = self.inner.open(kind).await?;
         Ok((
             Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None }),
-            Box::new(ShmRecv { inner: rx, shared: self.shared.clone() }),
+            Box::new(ShmRecv::new(rx, self.shared.clone())),
         ))
     }
 
@@ -504,7 +503,7 @@ impl Connection for ShmConnection {
         Ok(Incoming {
             kind: inc.kind,
             send: Box::new(ShmSend { inner: inc.send, shared: self.shared.clone(), pending: None }),
-            recv: Box::new(ShmRecv { inner: inc.recv, shared: self.shared.clone() }),
+            recv: Box::new(ShmRecv::new(inc.recv, self.shared.clone())),
         })
     }
 
@@ -723,18 +722,61 @@ pub(crate) fn segment_claim(c: &v1::Chunk, payload_len: usize) -> Result<Option<
 struct ShmRecv {
     inner: Box<dyn RecvStream>,
     shared: Arc<Shared>,
+    /// A frame `try_recv` took that names a segment: `recv` maps it.
+    waiting: Option<Received>,
+}
+
+impl ShmRecv {
+    fn new(inner: Box<dyn RecvStream>, shared: Arc<Shared>) -> Self {
+        Self { inner, shared, waiting: None }
+    }
+
+    fn protocol(&self, reason: String) -> StreamError {
+        StreamError::Protocol { peer: self.shared.peer.clone(), reason }
+    }
+
+    /// The segment `r` names, checked (None: its bytes came with it).
+    fn claim(&self, r: &Received) -> Result<Option<(u64, u64)>, StreamError> {
+        match &r.header.kind {
+            Some(Kind::Chunk(c)) => segment_claim(c, r.payload.len()).map_err(|e| self.protocol(e)),
+            _ => Ok(None),
+        }
+    }
 }
 
 #[async_trait]
 impl RecvStream for ShmRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
-        let Some(mut r) = self.inner.recv().await? else { return Ok(None) };
-        let Some(Kind::Chunk(c)) = &r.header.kind else { return Ok(Some(r)) };
-        let protocol = |reason: String| StreamError::Protocol { peer: self.shared.peer.clone(), reason };
-        let Some((id, len)) = segment_claim(c, r.payload.len()).map_err(protocol)? else { return Ok(Some(r)) };
-        let bytes: Bytes = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await.map_err(protocol)?;
-        r.payload = Payload::Bytes(bytes);
+        let mut r = match self.waiting.take() {
+            Some(r) => r,
+            None => match self.inner.recv().await? {
+                Some(r) => r,
+                None => return Ok(None),
+            },
+        };
+        let Some((id, len)) = self.claim(&r)? else { return Ok(Some(r)) };
+        let view = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await;
+        r.payload = Payload::Bytes(view.map_err(|e| self.protocol(e))?);
         Ok(Some(r))
+    }
+
+    fn try_recv(&mut self) -> Option<Result<Option<Received>, StreamError>> {
+        if self.waiting.is_some() {
+            return None;
+        }
+        let r = match self.inner.try_recv()? {
+            Ok(Some(r)) => r,
+            other => return Some(other),
+        };
+        match self.claim(&r) {
+            Ok(None) => Some(Ok(Some(r))),
+            // Mapping a segment may wait for its descriptor: `recv` does it.
+            Ok(Some(_)) => {
+                self.waiting = Some(r);
+                None
+            }
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn place(&mut self, target: Option<Placement>) {
