@@ -443,7 +443,7 @@ const CHILD_SCRIBBLE: &str = "TENSORWIRE_TEST_SHM_CHILD_SCRIBBLE";
 
 /// Overwrites every shared memfd mapping of this process (the segments it
 /// shares with its peer, and the rings when `rings`) with `byte`, and tries to shrink
-/// every memfd it holds; returns (mappings written, files shrunk).
+/// every sealed memfd it holds; returns (mappings written, files shrunk).
 fn scribble_shared_memory(byte: u8, rings: bool) -> (usize, usize) {
     use std::os::unix::fs::FileExt;
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
@@ -466,7 +466,15 @@ fn scribble_shared_memory(byte: u8, rings: bool) -> (usize, usize) {
     for e in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
         let is_memfd = std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"));
         let fd = e.file_name().to_string_lossy().parse::<i32>();
-        if let (true, Ok(fd)) = (is_memfd, fd) {
+        // A memfd without seals is one the transport is still making (it
+        // seals a new one right after sizing it, checks the size, and only
+        // then maps or shares it; a peer refuses unsealed ones): shrinking
+        // it only makes this process's own next segment fail to be made.
+        // SAFETY: fcntl on a descriptor of this process.
+        let sealed = |fd| unsafe { libc::fcntl(fd, libc::F_GET_SEALS) } > 0;
+        if let (true, Ok(fd)) = (is_memfd, fd)
+            && sealed(fd)
+        {
             // SAFETY: truncating a descriptor of this process (sealed ones refuse).
             shrunk += usize::from(unsafe { libc::ftruncate(fd, 0) } == 0);
         }

@@ -111,7 +111,9 @@ pub fn info_to_wire(info: &TensorInfo, codec: CodecKind) -> v1::TensorInfo {
         shape: info.shape.iter().map(|&d| d as u64).collect(),
         strides: info.strides.as_ref().map(|s| s.iter().map(|&x| x as u64).collect()).unwrap_or_default(),
         storage_offset: info.storage_offset as u64,
-        device: info.device.to_string(),
+        // Empty for the CPU (every receiver reads it so): most tensors
+        // are, and a string formatted per tensor costs an allocation.
+        device: if info.device == Device::Cpu { String::new() } else { info.device.to_string() },
         name: info.name.clone().unwrap_or_default(),
         metadata: info.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         codec: codec_to_wire(codec) as i32,

@@ -33,7 +33,11 @@ use crate::sync::lock;
 
 /// Payloads up to this size are copied into the scratch buffer, so a batch
 /// of small frames is one contiguous write.
+/// (Writers without syscalls take every payload by reference instead:
+/// copying it into the scratch buffer first would copy it twice.)
 const INLINE_PAYLOAD: usize = 8 << 10;
+/// Payloads a direct write passes by reference (the rest are copied).
+const DIRECT_REFS: usize = 4;
 /// Largest group of frames written directly by the caller's task.
 const DIRECT_MAX: usize = 64 << 10;
 /// Direct writes only while at most this many streams are open: with more
@@ -162,9 +166,10 @@ impl Out {
         }
     }
 
-    /// Encodes into `scratch`; returns a large payload to send by reference
-    /// right after, and whether this item ends the connection.
-    fn encode(self, scratch: &mut BytesMut) -> (Option<Bytes>, bool) {
+    /// Encodes into `scratch`, copying payloads up to `inline` bytes; returns
+    /// a larger payload to send by reference right after, and whether this
+    /// item ends the connection.
+    fn encode(self, scratch: &mut BytesMut, inline: usize) -> (Option<Bytes>, bool) {
         let head = |stream, kind, meta_len, value| Head { stream, kind, flags: 0, meta_len, value };
         match self {
             Out::Data { id, header, payload, fin } => {
@@ -181,7 +186,7 @@ impl Out {
                     scratch.reserve(meta_len);
                     h.encode(&mut Bytewise(scratch)).expect("BytesMut grows");
                 }
-                if payload.len() <= INLINE_PAYLOAD {
+                if payload.len() <= inline {
                     scratch.put_slice(&payload);
                     return (None, false);
                 }
@@ -261,6 +266,8 @@ pub(crate) struct Writer {
     pub(crate) open_streams: AtomicUsize,
     /// Direct writes while at most this many streams are open.
     direct_streams: usize,
+    /// Payloads up to this size are copied next to their headers.
+    inline_payload: usize,
 }
 
 impl Writer {
@@ -271,10 +278,12 @@ impl Writer {
 
     pub(crate) fn new(io: Box<dyn MuxWrite>) -> (Self, mpsc::UnboundedReceiver<Out>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let direct_streams = if io.syscall_free() { usize::MAX } else { DIRECT_STREAMS };
+        let (direct_streams, inline_payload) =
+            if io.syscall_free() { (usize::MAX, 0) } else { (DIRECT_STREAMS, INLINE_PAYLOAD) };
         let slot = Slot { io: Some(io), leftover: BytesMut::new(), scratch: BytesMut::with_capacity(DIRECT_MAX) };
         let open_streams = AtomicUsize::new(0);
-        (Self { slot: Mutex::new(slot), queued: AtomicUsize::new(0), tx, open_streams, direct_streams }, rx)
+        let queued = AtomicUsize::new(0);
+        (Self { slot: Mutex::new(slot), queued, tx, open_streams, direct_streams, inline_payload }, rx)
     }
 
     /// Queues one item for the writer task.
@@ -300,17 +309,40 @@ impl Writer {
             let Slot { io, leftover, scratch } = &mut *slot;
             scratch.clear();
             scratch.reserve(size);
+            // Payloads passed by reference, and where in `scratch` each goes.
+            let mut refs: [(usize, Bytes); DIRECT_REFS] = Default::default();
+            let mut n = 0;
             for o in items {
-                o.encode(scratch);
+                let inline = if n < DIRECT_REFS { self.inline_payload } else { INLINE_PAYLOAD };
+                if let (Some(p), _) = o.encode(scratch, inline) {
+                    refs[n] = (scratch.len(), p);
+                    n += 1;
+                }
             }
+            let mut slices = [IoSlice::new(&[]); 2 * DIRECT_REFS + 1];
+            let mut start = 0;
+            for (i, (at, p)) in refs[..n].iter().enumerate() {
+                slices[2 * i] = IoSlice::new(&scratch[start..*at]);
+                slices[2 * i + 1] = IoSlice::new(p);
+                start = *at;
+            }
+            slices[2 * n] = IoSlice::new(&scratch[start..]);
+            let slices = &slices[..2 * n + 1];
             let io = io.as_ref().expect("checked");
-            let written = match io.try_write_now(&[IoSlice::new(scratch)]) {
+            let written = match io.try_write_now(slices) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                 Err(e) => return Err(e),
             };
-            if written < scratch.len() {
-                leftover.extend_from_slice(&scratch[written..]);
+            let total: usize = slices.iter().map(|s| s.len()).sum();
+            if written < total {
+                // What the socket did not take leaves first, through the writer task.
+                let mut skip = written;
+                for s in slices {
+                    let taken = skip.min(s.len());
+                    leftover.extend_from_slice(&s[taken..]);
+                    skip -= taken;
+                }
                 drop(slot);
                 self.push(Out::Flush).map_err(|_| gone())?;
             }
@@ -369,7 +401,7 @@ pub(crate) async fn run(
         parts.clear();
         let mut start = 0;
         for o in batch.drain(..) {
-            let (payload, ends) = o.encode(&mut scratch);
+            let (payload, ends) = o.encode(&mut scratch, w.inline_payload);
             closing |= ends;
             if let Some(p) = payload {
                 parts.push((start, scratch.len(), Some(p)));
@@ -427,6 +459,92 @@ mod tests {
     use super::*;
     use tensorwire_proto::v1::{Chunk, TensorInfo, frame_header::Kind as HeaderKind};
 
+    /// A write half that takes at most `limit` bytes per direct write, with
+    /// no syscalls (as a ring): what it took, in order.
+    struct Trickle {
+        took: std::sync::Arc<Mutex<Vec<u8>>>,
+        limit: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            self.took.lock().unwrap().extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl MuxWrite for Trickle {
+        fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let mut took = self.took.lock().unwrap();
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(self.limit - n);
+                took.extend_from_slice(&b[..k]);
+                n += k;
+            }
+            Ok(n)
+        }
+
+        fn syscall_free(&self) -> bool {
+            true
+        }
+    }
+
+    fn frames(n: usize) -> Vec<Out> {
+        (0..n)
+            .map(|i| {
+                let header =
+                    FrameHeader { kind: Some(HeaderKind::Chunk(Chunk { tensor_id: i as u64, ..Default::default() })) };
+                Out::Data {
+                    id: 1 + 2 * i as u32,
+                    header: Some(header),
+                    payload: Bytes::from(vec![i as u8 + 1; 100 * i]),
+                    fin: i % 2 == 0,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn direct_writes_pass_payloads_by_reference_and_keep_what_was_not_taken() {
+        // More payloads than a direct write passes by reference, cut
+        // anywhere: what the writer took, then what it kept, is the stream.
+        for count in [1, 3, DIRECT_REFS + 3] {
+            let mut want = BytesMut::new();
+            for o in frames(count) {
+                assert!(o.encode(&mut want, usize::MAX).0.is_none());
+            }
+            for limit in [0, 1, 17, want.len() / 2, want.len() - 1, want.len(), usize::MAX / 2] {
+                let took = std::sync::Arc::new(Mutex::new(Vec::new()));
+                let (w, mut rx) = Writer::new(Box::new(Trickle { took: took.clone(), limit }));
+                w.write_or_push(frames(count)).unwrap();
+                let mut got = took.lock().unwrap().clone();
+                got.extend_from_slice(&w.slot().leftover);
+                assert_eq!(got, &want[..], "{count} frames, {limit} bytes taken");
+                let flush = rx.try_recv().ok();
+                assert_eq!(flush.is_some(), limit < want.len(), "the writer task is woken only for leftovers");
+            }
+        }
+    }
+
     #[test]
     fn bytewise_encodes_what_bytes_mut_does_with_or_without_room() {
         let header = FrameHeader {
@@ -455,4 +573,9 @@ mod tests {
             assert_eq!(&b[4..], &plain[..], "capacity {capacity}");
         }
     }
+}
+#[test]
+fn zz_size() {
+    eprintln!("OUT SIZE {}", std::mem::size_of::<Out>());
+    eprintln!("FH {}", std::mem::size_of::<FrameHeader>());
 }

@@ -530,7 +530,8 @@ impl Connection for ShmConnection {
 struct ChunkFacts {
     tensor_id: u64,
     uncompressed: bool,
-    has_info: bool,
+    /// The first chunk of a tensor that a segment should carry.
+    starts_segment: bool,
     offset: u64,
     total_bytes: u64,
     last: bool,
@@ -558,6 +559,27 @@ impl ShmSend {
         StreamError::Protocol { peer: self.shared.peer.clone(), reason }
     }
 
+    /// Whether chunk `c` starts a tensor that goes into a segment: the
+    /// first, uncompressed chunk of one large enough.
+    fn starts_segment(&self, c: &v1::Chunk) -> bool {
+        !self.shared.side.is_closed()
+            && c.info.is_some()
+            && c.compression == v1::Compression::None as i32
+            && c.offset == 0
+            && c.total_bytes >= self.shared.cfg.min_tensor_bytes.max(1)
+            && c.total_bytes <= self.shared.cfg.max_segment_bytes
+    }
+
+    /// True when `frames` go to the socket as they are: no tensor is being
+    /// copied into a segment and none of them starts one (a small call).
+    fn passes_through(&self, frames: &[Frame]) -> bool {
+        self.pending.is_none()
+            && frames.iter().all(|f| match &f.header.kind {
+                Some(Kind::Chunk(c)) => !self.starts_segment(c),
+                _ => true,
+            })
+    }
+
     /// Turns a frame into zero or more frames to send on the socket.
     async fn convert(&mut self, frame: Frame) -> Result<Vec<Frame>, StreamError> {
         // The fields decided on (no clone of the header per frame).
@@ -565,7 +587,7 @@ impl ShmSend {
             Some(Kind::Chunk(c)) => Some(ChunkFacts {
                 tensor_id: c.tensor_id,
                 uncompressed: c.compression == v1::Compression::None as i32,
-                has_info: c.info.is_some(),
+                starts_segment: self.starts_segment(c),
                 offset: c.offset,
                 total_bytes: c.total_bytes,
                 last: c.last,
@@ -580,13 +602,7 @@ impl ShmSend {
             return Ok(out);
         };
         if self.pending.is_none() {
-            let big = !self.shared.side.is_closed()
-                && c.has_info
-                && c.uncompressed
-                && c.offset == 0
-                && c.total_bytes >= self.shared.cfg.min_tensor_bytes.max(1)
-                && c.total_bytes <= self.shared.cfg.max_segment_bytes;
-            if !big {
+            if !c.starts_segment {
                 return Ok(vec![frame]);
             }
             let acquired = self
@@ -664,6 +680,9 @@ impl SendStream for ShmSend {
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        if self.passes_through(&frames) {
+            return self.inner.send_batch(frames, fin).await;
+        }
         let mut out = Vec::with_capacity(frames.len());
         for f in frames {
             out.extend(self.convert(f).await?);

@@ -38,7 +38,7 @@
 use std::cell::Cell;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -104,21 +104,7 @@ impl Region {
     pub fn create(cap: usize) -> io::Result<(Arc<Self>, OwnedFd)> {
         let cap = cap.clamp(MIN_RING, MAX_RING).next_power_of_two();
         let len = Self::size(cap);
-        // SAFETY: the name is a valid C string; flags are valid memfd flags.
-        let fd = cvt(unsafe {
-            libc::memfd_create(c"tensorwire-ring".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        })?;
-        // SAFETY: memfd_create returned a new descriptor that we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate and fcntl on our own descriptor.
-        unsafe {
-            cvt(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
-            cvt(libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ))?;
-        }
+        let fd = super::segment::sealed_memfd(c"tensorwire-ring", len)?;
         let region = Self::map(&fd, len, cap)?;
         Ok((Arc::new(region), fd))
     }
@@ -876,6 +862,7 @@ impl crate::mux::MuxWrite for RingWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {

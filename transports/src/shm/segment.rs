@@ -300,20 +300,7 @@ unsafe impl Send for SegmentWriter {}
 impl SegmentWriter {
     /// A new memfd of `len` bytes (size sealed), mapped for writing.
     pub(crate) fn new(len: usize) -> io::Result<Self> {
-        // SAFETY: the name is a valid C string; flags are valid memfd flags.
-        let fd =
-            cvt(unsafe { libc::memfd_create(c"tensorwire".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
-        // SAFETY: memfd_create returned a new descriptor that we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate and fcntl on our own descriptor.
-        unsafe {
-            cvt(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
-            cvt(libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ))?;
-        }
+        let fd = sealed_memfd(c"tensorwire", len)?;
         if len == 0 {
             return Ok(Self { fd, ptr: std::ptr::null_mut(), len });
         }
@@ -377,6 +364,35 @@ impl Drop for SegmentWriter {
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
         }
     }
+}
+
+/// A new memfd named `name`, `len` bytes long, its size sealed (it can
+/// neither shrink nor grow, and the seals cannot be removed). The size is
+/// checked once sealed: anything else in this process that resized the
+/// file between `ftruncate` and the seal (a descriptor is visible in
+/// `/proc/self/fd` from its creation) would otherwise make a later access
+/// to the mapping a SIGBUS instead of an error here.
+pub(crate) fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: the name is a valid C string; flags are valid memfd flags.
+    let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
+    // SAFETY: memfd_create returned a new descriptor that we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate and fcntl on our own descriptor.
+    unsafe {
+        cvt(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
+        cvt(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        ))?;
+    }
+    let size = sealed_size(&fd, "new shared memory").map_err(io::Error::other)?;
+    if size != len as u64 {
+        return Err(io::Error::other(format!(
+            "shared memory of {len} bytes was resized to {size} before its size was sealed"
+        )));
+    }
+    Ok(fd)
 }
 
 /// The size of a peer's memfd (`what` names it in errors), checked to be
