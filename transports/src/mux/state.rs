@@ -65,11 +65,12 @@ pub enum Route<T> {
 
 /// Hashes stream ids for the stream table: one multiplication (Fibonacci
 /// hashing) instead of SipHash, which cost ~110 instructions per lookup, a
-/// few lookups per call. Flooding protection is not needed here: the peer
-/// can only open ids above the last it used, and at most `max_remote` at
-/// once, so the table never holds more entries than the limit allows.
+/// few lookups per call. A peer choosing its ids could still pick ones that
+/// share a bucket (about one odd id in 2^18 does), but it can only open ids
+/// above the last it used and at most `max_remote` at once: a lookup costs
+/// at most that many comparisons, which bounds what such a peer gains.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct IdHash(u64);
+pub(crate) struct IdHash(u64);
 
 impl std::hash::Hasher for IdHash {
     fn finish(&self) -> u64 {

@@ -574,8 +574,3 @@ mod tests {
         }
     }
 }
-#[test]
-fn zz_size() {
-    eprintln!("OUT SIZE {}", std::mem::size_of::<Out>());
-    eprintln!("FH {}", std::mem::size_of::<FrameHeader>());
-}
