@@ -9,6 +9,7 @@
 mod common;
 
 use std::io::BufRead;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -16,7 +17,7 @@ use tensorwire::builtins::random_tensor;
 use tensorwire::{Client, ClientConfig, Compression, CompressionMode, DType, Encoding, ServerConfig, Tensor};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{
-    self as transports, Frame, FrameHeader, Payload, Placement, RecvBuf, StreamKind, TransportConfig, ucx,
+    self as transports, Connection, Frame, FrameHeader, Payload, Placement, RecvBuf, StreamKind, TransportConfig, ucx,
 };
 
 /// Makes `child_process_client` send to this URL.
@@ -27,6 +28,15 @@ const CHILD_SERVER: &str = "TENSORWIRE_TEST_UCX_CHILD_SERVER";
 const CHILD_NO_LIB: &str = "TENSORWIRE_TEST_UCX_CHILD_NO_LIB";
 
 const BIG: usize = 256 << 20;
+
+/// A client connection and the server's end of it, over ucx:// on loopback.
+async fn connected(cfg: &TransportConfig) -> (Arc<dyn Connection>, Arc<dyn Connection>) {
+    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
+    let mut listener = transports::listen(&ep, cfg).await.unwrap();
+    let url = listener.local_endpoint();
+    let (client, server) = tokio::join!(transports::connect(&url, cfg), listener.accept());
+    (client.unwrap(), server.unwrap())
+}
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
@@ -213,11 +223,7 @@ async fn frames_that_lie_about_ucx_payloads_are_refused_without_a_hang() {
     let mut cfg = TransportConfig::default();
     cfg.ucx.rendezvous_timeout = Duration::from_secs(1);
     cfg.max_frame_payload = 4 << 20;
-    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
-    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
-    let url = listener.local_endpoint();
-    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
-    let (client, server) = (client.unwrap(), server.unwrap());
+    let (client, server) = connected(&cfg).await;
 
     let chunk = |ucx_tag: u64, raw_len: u64, payload: Vec<u8>| {
         let c = v1::Chunk {
@@ -413,11 +419,7 @@ async fn puts_land_only_in_granted_memory() {
     let mut cfg = TransportConfig::default();
     cfg.ucx.rendezvous_timeout = Duration::from_secs(5);
     cfg.ucx.min_put_bytes = 4 << 20;
-    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
-    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
-    let url = listener.local_endpoint();
-    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
-    let (client, server) = (client.unwrap(), server.unwrap());
+    let (client, server) = connected(&cfg).await;
     const TOTAL: usize = 8 << 20;
     const PART: usize = 1 << 20;
     let data: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 251) as u8).collect();
@@ -589,11 +591,7 @@ async fn granted_tensors_with_checksums_or_compressed_chunks_complete() {
 async fn a_grant_abandoned_mid_tensor_is_never_recycled() {
     let puts = ucx::ucx_puts(true).unwrap();
     let cfg = TransportConfig::default();
-    let ep = transports::Endpoint::parse("ucx://127.0.0.1:0").unwrap();
-    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
-    let url = listener.local_endpoint();
-    let (client, server) = tokio::join!(transports::connect(&url, &cfg), listener.accept());
-    let (client, server) = (client.unwrap(), server.unwrap());
+    let (client, server) = connected(&cfg).await;
     const TOTAL: usize = 16 << 20;
     const PART: usize = 1 << 20;
     let frames = || -> Vec<Frame> {
