@@ -284,6 +284,11 @@ fn fits(len: usize, n: u64) -> bool {
 }
 
 impl Shared {
+    /// A protocol error from this connection's peer.
+    fn protocol(&self, reason: String) -> StreamError {
+        StreamError::Protocol { peer: self.peer.clone(), reason }
+    }
+
     fn new(side: OwnedFd, cfg: &ShmConfig, peer: String) -> std::io::Result<Self> {
         let units = u32::try_from(cfg.max_in_flight.div_ceil(1 << 20)).unwrap_or(u32::MAX >> 4).clamp(1, u32::MAX >> 4);
         Ok(Shared {
@@ -555,10 +560,6 @@ struct ShmSend {
 }
 
 impl ShmSend {
-    fn protocol(&self, reason: String) -> StreamError {
-        StreamError::Protocol { peer: self.shared.peer.clone(), reason }
-    }
-
     /// Whether chunk `c` starts a tensor that goes into a segment: the
     /// first, uncompressed chunk of one large enough.
     fn starts_segment(&self, c: &v1::Chunk) -> bool {
@@ -609,7 +610,7 @@ impl ShmSend {
                 .shared
                 .acquire(c.total_bytes)
                 .await
-                .map_err(|e| self.protocol(format!("no shared-memory segment: {e}")))?;
+                .map_err(|e| self.shared.protocol(format!("no shared-memory segment: {e}")))?;
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
             self.shared.filling.fetch_add(1, Ordering::AcqRel);
             let Some(Kind::Chunk(first)) = frame.header.kind.clone() else { return Ok(vec![frame]) };
@@ -750,14 +751,10 @@ impl ShmRecv {
         Self { inner, shared, waiting: None }
     }
 
-    fn protocol(&self, reason: String) -> StreamError {
-        StreamError::Protocol { peer: self.shared.peer.clone(), reason }
-    }
-
     /// The segment `r` names, checked (None: its bytes came with it).
     fn claim(&self, r: &Received) -> Result<Option<(u64, u64)>, StreamError> {
         match &r.header.kind {
-            Some(Kind::Chunk(c)) => segment_claim(c, r.payload.len()).map_err(|e| self.protocol(e)),
+            Some(Kind::Chunk(c)) => segment_claim(c, r.payload.len()).map_err(|e| self.shared.protocol(e)),
             _ => Ok(None),
         }
     }
@@ -775,7 +772,7 @@ impl RecvStream for ShmRecv {
         };
         let Some((id, len)) = self.claim(&r)? else { return Ok(Some(r)) };
         let view = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await;
-        r.payload = Payload::Bytes(view.map_err(|e| self.protocol(e))?);
+        r.payload = Payload::Bytes(view.map_err(|e| self.shared.protocol(e))?);
         Ok(Some(r))
     }
 
