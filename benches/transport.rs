@@ -67,8 +67,15 @@ fn transports(c: &mut Criterion) {
         g.sample_size(20).measurement_time(Duration::from_secs(3));
         g.bench_function("raw-socket", |b| {
             b.iter_custom(|iters| {
-                let h = raw_round_trips(raw, 4096, iters as usize).unwrap();
+                let h = raw_round_trips(raw, 4096, iters as usize, false).unwrap();
                 ratios.record("raw/rtt", iters, Duration::from_secs_f64(h.mean_ms() / 1e3 * iters as f64))
+            })
+        });
+        // Both sides busy-polling: the floor for a transport that spins.
+        g.bench_function("raw-socket-spinning", |b| {
+            b.iter_custom(|iters| {
+                let h = raw_round_trips(raw, 4096, iters as usize, true).unwrap();
+                ratios.record("raw-spin/rtt", iters, Duration::from_secs_f64(h.mean_ms() / 1e3 * iters as f64))
             })
         });
         g.bench_function("tensorwire-identity-call", |b| {
@@ -79,6 +86,7 @@ fn transports(c: &mut Criterion) {
         });
         g.finish();
         ratios.print_latency(&format!("{scheme} 4KiB round trip"), "tw/rtt", "raw/rtt");
+        ratios.print_latency(&format!("{scheme} 4KiB round trip vs spinning raw"), "tw/rtt", "raw-spin/rtt");
         drop(client);
         drop(srv);
     }

@@ -33,6 +33,17 @@ pub struct TransportConfig {
     /// a client reconnects on its next call). QUIC uses
     /// [`QuicConfig::idle_timeout`].
     pub idle_timeout: Option<Duration>,
+    /// How long a connection's side keeps polling for bytes after the
+    /// connection last moved any, before it sleeps until the runtime or the
+    /// peer wakes it (default 50 µs; zero: sleep at once). Applies to the
+    /// mux over sockets (tcp, tcps, unix), the shared-memory rings and
+    /// UCX's progress thread. A reply within it costs no thread wake-up —
+    /// tens of microseconds each way on a VM — so a small call over
+    /// loopback takes a fraction of a sleeping ping-pong; it costs CPU only
+    /// right after traffic (a write on the connection starts it again, so a
+    /// caller's request is followed by a spin for the reply), and an idle
+    /// connection costs nothing.
+    pub spin: Duration,
     /// Kernel socket buffer sizes (SO_SNDBUF/SO_RCVBUF); None keeps the
     /// OS default (default 4 MiB each for TCP, raised where allowed).
     pub socket_buffer: Option<usize>,
@@ -59,6 +70,7 @@ impl Default for TransportConfig {
             connect_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(15)),
             idle_timeout: Some(Duration::from_secs(300)),
+            spin: Duration::from_micros(50),
             socket_buffer: Some(4 << 20),
             tls: TlsConfig::default(),
             quic: QuicConfig::default(),
@@ -104,12 +116,6 @@ pub struct ShmConfig {
     /// decides; a server accepts the rings a client offers. URL `?ring=0`
     /// turns them off for one endpoint.
     pub ring_bytes: usize,
-    /// How long a ring connection's side keeps polling for bytes (or room)
-    /// after the connection last moved any, before it sleeps until the
-    /// other side wakes it (default 50 µs; zero: sleep at once). Spinning
-    /// is what makes a small call a few microseconds instead of two
-    /// thread wake-ups; it costs CPU only right after traffic.
-    pub spin: Duration,
 }
 
 impl Default for ShmConfig {
@@ -121,7 +127,6 @@ impl Default for ShmConfig {
             max_in_flight: 1 << 30,
             segment_timeout: Duration::from_secs(30),
             ring_bytes: 256 << 10,
-            spin: Duration::from_micros(50),
         }
     }
 }
@@ -141,11 +146,6 @@ pub struct UcxConfig {
     /// this long fails its stream: the peer stopped reading or lied about a
     /// payload (default 60 s).
     pub rendezvous_timeout: Duration,
-    /// How long a connection's UCX progress thread keeps polling after the
-    /// last activity before it sleeps on the worker's event fd: a reply
-    /// within it costs no thread wake-up (default 50 µs; zero sleeps after
-    /// a few dozen idle polls).
-    pub spin: Duration,
     /// Tensors of at least this many payload bytes ask the receiver for
     /// memory to put their chunks into, where the connection's UCX context
     /// has only shared-memory transports (one copy instead of the tagged
@@ -160,7 +160,6 @@ impl Default for UcxConfig {
             min_chunk_bytes: 64 << 10,
             max_in_flight: 256 << 20,
             rendezvous_timeout: Duration::from_secs(60),
-            spin: Duration::from_micros(50),
         }
     }
 }

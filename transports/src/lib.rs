@@ -41,6 +41,7 @@ pub mod mux;
 pub mod quic;
 #[cfg(feature = "shm")]
 pub mod shm;
+mod spin;
 mod sync;
 #[cfg(feature = "tcp")]
 pub mod tcp;

@@ -88,7 +88,7 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
         let c: Arc<dyn Connection> = match offer.ring {
             Some(parts) => {
                 let (rd, wr) =
-                    crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, &config.shm).map_err(io)?;
+                    crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, config.spin).map_err(io)?;
                 mux::establish(rd, wr, Role::Client, info, config).await
             }
             None => {
@@ -197,7 +197,7 @@ impl RawAccept for UnixAccept {
                 };
                 let established = match ring {
                     Some(parts) => {
-                        match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, &config.shm) {
+                        match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, config.spin) {
                             Ok((rd, wr)) => mux::establish(rd, wr, Role::Server, info, &config).await,
                             Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
                         }

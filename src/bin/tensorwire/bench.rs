@@ -11,9 +11,9 @@ use crate::harness::tonic_peer::TonicPeer;
 #[cfg(feature = "ucx")]
 use crate::harness::ucx_perftest_on;
 use crate::harness::{
-    RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, call_round_trips,
-    calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into, raw_round_trips,
-    send_time, ucx_perftest, wake_round_trips,
+    RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, bench_server_with,
+    call_round_trips, calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into,
+    raw_round_trips, send_time, ucx_perftest, wake_round_trips,
 };
 use clap::Args as ClapArgs;
 use tensorwire::{Client, Server};
@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// threads each, so that the stripes can use more than one core); 1 skips it.
     #[arg(long, default_value_t = 2)]
     stripes: usize,
+    /// How long each side of a connection keeps polling after traffic
+    /// before it sleeps (`TransportConfig::spin`), in microseconds, for
+    /// the bench's servers and clients (default: the library's, 50); 0
+    /// measures transports that sleep at once, as the raw ping-pong does.
+    #[arg(long)]
+    spin_us: Option<u64>,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -295,14 +301,23 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     for label in &a.transports {
         // `shm?ring=0`: the transport `shm` with the client URL's options.
         let (scheme, options) = label.split_once('?').map_or((label.as_str(), None), |(s, o)| (s, Some(o)));
-        let server = ServerThread::start(&listen_url(scheme), 1, bench_server).map_err(|e| format!("{label}: {e}"))?;
+        let spin = a.spin_us.map(std::time::Duration::from_micros);
+        let tune = move |t: &mut tensorwire::TransportConfig| {
+            if let Some(s) = spin {
+                t.spin = s;
+            }
+        };
+        let server = ServerThread::start(&listen_url(scheme), 1, move || bench_server_with(tune))
+            .map_err(|e| format!("{label}: {e}"))?;
         // The server's URL pins its generated certificate (QUIC, grpcs).
         let mut url = client_url(scheme, server.url());
         if let Some(o) = options {
             url.push(if url.contains('?') { '&' } else { '?' });
             url.push_str(o);
         }
-        let client = rt.block_on(Client::connect_with(&url, bench_client_config()))?;
+        let mut cfg = bench_client_config();
+        tune(&mut cfg.transport);
+        let client = rt.block_on(Client::connect_with(&url, cfg))?;
         let raw = baseline_for(scheme);
         // Latency against a real socket even where throughput compares to memcpy.
         let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
@@ -371,11 +386,17 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 perftest_row(&a, &rt, label, size, &sent, &fetched);
             }
         }
-        let (mut p50, mut p99, mut b50, mut b99) = (vec![], vec![], vec![], vec![]);
+        let (mut p50, mut p99, mut b50, mut b99, mut s50) = (vec![], vec![], vec![], vec![], vec![]);
+        // Spinning needs a core for each side (see `wake_floor`); QUIC has
+        // no spinning raw peer.
+        let spin_raw = cores() >= 2 && matches!(raw_rtt, RawSocket::Tcp | RawSocket::Unix);
         for _ in 0..rounds {
-            let h = raw_round_trips(raw_rtt, 4096, a.round_trips)?;
+            let h = raw_round_trips(raw_rtt, 4096, a.round_trips, false)?;
             b50.push(h.quantile_ms(0.5));
             b99.push(h.quantile_ms(0.99));
+            if spin_raw {
+                s50.push(raw_round_trips(raw_rtt, 4096, a.round_trips, true)?.quantile_ms(0.5));
+            }
             let h = rt.block_on(call_round_trips(&client, 4096, a.round_trips))?;
             p50.push(h.quantile_ms(0.5));
             p99.push(h.quantile_ms(0.99));
@@ -404,34 +425,42 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         if scheme == "quic" && a.stripes > 1 {
             striped_rows(&a, &sizes, raw)?;
         }
-        latency_rows.push((label.clone(), median(p50), median(p99), median(b50), median(b99), cps));
+        let s50 = spin_raw.then(|| median(s50));
+        latency_rows.push((label.clone(), median(p50), median(p99), median(b50), median(b99), s50, cps));
         drop(client);
         drop(server);
     }
     if !a.json {
+        let spin = format!("{} µs", spin_us(&a));
         println!();
         println!(
-            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}   4 KiB identity call vs raw ping-pong (QUIC: one raw stream per round trip)",
-            "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "calls/s@64"
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7} {:>12}   4 KiB identity call (connections spin {spin} after traffic) vs raw ping-pong: each side sleeps in a blocking read; \"spin\": both sides busy-poll non-blocking sockets (the floor; QUIC: one raw stream per round trip, no spinning peer)",
+            "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "spin p50", "ratio", "calls/s@64"
         );
     }
     let latency_rows_empty = latency_rows.is_empty();
-    for (scheme, p50, p99, b50, b99, cps) in latency_rows {
+    for (scheme, p50, p99, b50, b99, s50, cps) in latency_rows {
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"transport": scheme, "rtt_4k_p50_ms": p50, "rtt_4k_p99_ms": p99, "raw_p50_ms": b50,
-                    "raw_p99_ms": b99, "p50_ratio": p50 / b50, "calls_per_s_64_in_flight": cps})
+                    "raw_p99_ms": b99, "p50_ratio": p50 / b50, "raw_spinning_p50_ms": s50,
+                    "p50_ratio_spinning": s50.map(|s| p50 / s), "spin_us": spin_us(&a),
+                    "calls_per_s_64_in_flight": cps})
             );
         } else {
+            let (s, r) = s50
+                .map_or_else(|| ("-".to_string(), "-".to_string()), |s| (format!("{s:.4}"), format!("{:.2}", p50 / s)));
             println!(
-                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>12.0}",
+                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>10} {:>7} {:>12.0}",
                 scheme,
                 p50,
                 p99,
                 b50,
                 b99,
                 p50 / b50,
+                s,
+                r,
                 cps
             );
         }
@@ -445,14 +474,22 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The spin the bench's connections use, in microseconds.
+fn spin_us(a: &BenchArgs) -> u64 {
+    a.spin_us.unwrap_or_else(|| tensorwire::TransportConfig::default().spin.as_micros() as u64)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The machine's wake-up cost, printed under the latency table: what any
 /// round trip whose sides sleep while waiting pays twice.
 fn wake_floor(a: &BenchArgs) -> Result<(), BoxError> {
     let sleeping = wake_round_trips(false, a.round_trips)?.0.quantile_ms(0.5);
     // Spinning needs a core for each side: on one, each hand-off waits for
     // a time slice and measures the scheduler instead.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spinning = if cores >= 2 { Some(wake_round_trips(true, a.round_trips)?.1.as_secs_f64() * 1e3) } else { None };
+    let spinning = if cores() >= 2 { Some(wake_round_trips(true, a.round_trips)?.1.as_secs_f64() * 1e3) } else { None };
     if a.json {
         println!(
             "{}",

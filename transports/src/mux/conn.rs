@@ -106,6 +106,8 @@ where
             return Err(EstablishError::Protocol(reason));
         }
     };
+    let spin = if wr.spins() { config.spin } else { Duration::ZERO };
+    let (rd, wr) = super::spinning::halves(rd, wr, crate::spin::Activity::new(spin));
     let (writer, out_rx) = Writer::new(Box::new(wr));
     let (accept_tx, accept_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {

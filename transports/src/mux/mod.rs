@@ -16,13 +16,15 @@
 //! * `shared`: what the tasks and handles of a connection share.
 //! * `reader`: the reader task (socket -> decoder -> state -> streams).
 //! * `writer`: the writer task and direct writes ([`MuxWrite`]).
+//! * `spinning`: the socket halves counted so the reader spins after
+//!   activity instead of sleeping at once.
 //! * `handles`: the [`SendStream`](crate::SendStream) and
 //!   [`RecvStream`](crate::RecvStream) of a stream.
 //! * [`conn`]: the handshake and [`MuxConnection`].
 //!
 //! Imports go one way: sans-IO files import only each other (and
 //! `crate::` error types), drivers import sans-IO files and the drivers
-//! listed before them (`writer` < `shared` < `handles` < `reader` < `conn`).
+//! listed before them (`writer` < `spinning` < `shared` < `handles` < `reader` < `conn`).
 //! This file only declares and re-exports.
 
 pub mod conn;
@@ -31,6 +33,7 @@ pub mod frame;
 mod handles;
 mod reader;
 mod shared;
+mod spinning;
 pub mod state;
 mod writer;
 

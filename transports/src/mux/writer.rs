@@ -59,11 +59,25 @@ pub trait MuxWrite: AsyncWrite + Unpin + Send + 'static {
     fn syscall_free(&self) -> bool {
         false
     }
+
+    /// True when the connection's reader should spin — keep polling for
+    /// [`TransportConfig::spin`](crate::TransportConfig::spin) after the
+    /// connection last moved bytes — rather than sleep at once: a kernel
+    /// socket, whose readiness the runtime checks with no blocking call.
+    /// False (the default) for transports that spin on their own (the
+    /// shared-memory rings, UCX's progress thread).
+    fn spins(&self) -> bool {
+        false
+    }
 }
 
 impl MuxWrite for tokio::net::tcp::OwnedWriteHalf {
     fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.try_write_vectored(bufs)
+    }
+
+    fn spins(&self) -> bool {
+        true
     }
 }
 
@@ -71,11 +85,16 @@ impl MuxWrite for tokio::net::unix::OwnedWriteHalf {
     fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.try_write_vectored(bufs)
     }
+
+    fn spins(&self) -> bool {
+        true
+    }
 }
 
 /// Adapts any `AsyncWrite` to [`MuxWrite`], for byte-stream transports of
 /// your own (a pipe, a tunnel, a TLS stream): every write then goes through
-/// the connection's writer task, never the direct path.
+/// the connection's writer task, never the direct path, and the reader
+/// spins after activity as a socket's does ([`MuxWrite::spins`]).
 #[derive(Debug)]
 pub struct QueuedWrite<W>(pub W);
 
@@ -118,6 +137,10 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for QueuedWrite<W> {
 impl<W: AsyncWrite + Unpin + Send + 'static> MuxWrite for QueuedWrite<W> {
     fn try_write_now(&self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    fn spins(&self) -> bool {
+        true
     }
 }
 

@@ -18,7 +18,7 @@
 //!
 //! - **Rings.** See the `ring` module: a small call is two memory copies and,
 //!   while traffic flows, no system call; a side with nothing to do spins
-//!   for [`ShmConfig::spin`](crate::config::ShmConfig) after the last bytes
+//!   for [`TransportConfig::spin`](crate::TransportConfig::spin) after the last bytes
 //!   moved, then sleeps until the other side rings its doorbell (a Unix
 //!   datagram socket pair; it never blocks the ringer, whatever the peer
 //!   does with its end). With
@@ -220,11 +220,11 @@ pub(crate) fn ring_halves(
     end: ring::End,
     parts: RingParts,
     s: UnixStream,
-    cfg: &ShmConfig,
+    spin: std::time::Duration,
 ) -> std::io::Result<(ring::RingReader, ring::RingWriter)> {
     let sock = OwnedFd::from(s.into_std()?);
     let (region, events) = parts;
-    ring::halves(end, region, events, sock, cfg.spin)
+    ring::halves(end, region, events, sock, spin)
 }
 
 struct Shared {

@@ -18,9 +18,8 @@
 //!   the data area, so a hostile peer cannot make this side read or write
 //!   outside the mapping (it can only garble its own stream, which the
 //!   mux's frame decoder then rejects).
-//! - **Waking.** A side that finds nothing to do first spins (re-polls its
-//!   task once the other ready tasks have run and the runtime has checked
-//!   its timers and I/O: `spin_again`) for [`ShmConfig::spin`] after the
+//! - **Waking.** A side that finds nothing to do first spins (see
+//!   [`crate::spin`]) for [`TransportConfig::spin`] after the
 //!   connection's last activity, then sets its "waiting" word and sleeps
 //!   on a doorbell (a Unix datagram socket pair) that the other side rings
 //!   only when it sees that word (a store, a full fence, a load on each
@@ -33,7 +32,7 @@
 //!   died, and its hang-up tells a writer waiting for room that nobody
 //!   will make any.
 //!
-//! [`ShmConfig::spin`]: crate::config::ShmConfig
+//! [`TransportConfig::spin`]: crate::TransportConfig::spin
 
 use std::cell::Cell;
 use std::io::{self, IoSlice};
@@ -43,12 +42,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::segment::{cvt, unix_pair};
+use crate::spin::{Activity, Spin, spin_again};
 
 /// Producer position (bytes ever written), written by the producer only.
 const HEAD: usize = 0;
@@ -368,85 +368,6 @@ impl Consumer {
     }
 }
 
-/// Bytes moved by a connection's halves, so either can tell whether the
-/// connection is busy: each half counts its own moves (no clock on the
-/// data path) and spins, instead of sleeping, for `spin` after the last
-/// move it saw.
-struct Activity {
-    reads: AtomicU64,
-    writes: AtomicU64,
-    spin: Duration,
-}
-
-impl Activity {
-    fn moves(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed).wrapping_add(self.writes.load(Ordering::Relaxed))
-    }
-}
-
-/// One half's view of [`Activity`]: the moves it last saw and when.
-struct Spin {
-    seen: u64,
-    /// When `seen` was first seen unchanged (None: not yet looked at the
-    /// clock since it changed).
-    since: Option<Instant>,
-    /// Polls since the clock was last read.
-    polls: u32,
-}
-
-/// Polls between two clock reads while spinning (a poll takes well under
-/// a microsecond; the spin lasts tens of them).
-const POLLS_PER_CLOCK_READ: u32 = 8;
-
-impl Spin {
-    fn new() -> Self {
-        Self { seen: 0, since: None, polls: 0 }
-    }
-
-    /// Whether to poll again rather than sleep: the connection moved bytes
-    /// within about the last `spin`. The clock is read once every
-    /// [`POLLS_PER_CLOCK_READ`] polls of a quiet connection, and never
-    /// while bytes keep moving.
-    fn spinning(&mut self, a: &Activity) -> bool {
-        if a.spin.is_zero() {
-            return false;
-        }
-        let moves = a.moves();
-        if moves != self.seen {
-            self.seen = moves;
-            self.since = None;
-            self.polls = 0;
-            return true;
-        }
-        self.polls = self.polls.wrapping_add(1);
-        match self.since {
-            None => {
-                self.since = Some(Instant::now());
-                true
-            }
-            Some(_) if !self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) => true,
-            Some(since) => since.elapsed() < a.spin,
-        }
-    }
-}
-
-/// Polls again soon: after the tasks that are ready to run, and after the
-/// runtime has looked at its timers and I/O (tokio's `yield_now`, whose
-/// wake-up is deferred until then). Waking itself instead would keep a
-/// spinning task always in the run queue, and a current-thread runtime polls
-/// its `block_on` future only when the queue runs dry or every 61 tasks: a
-/// caller waiting there would wait microseconds for every reply.
-fn spin_again<T>(cx: &mut Context<'_>) -> Poll<T> {
-    // The first poll registers the deferred wake-up; the future itself is
-    // not needed after it.
-    let y = std::pin::pin!(tokio::task::yield_now());
-    if std::future::Future::poll(y, cx).is_ready() {
-        // Not reached (a fresh yield is pending once): poll again anyway.
-        cx.waker().wake_by_ref();
-    }
-    Poll::Pending
-}
-
 /// A doorbell: a connected pair of Unix datagram sockets, `(sleeper,
 /// ringer)`. The sleeping side waits for its end to become readable and
 /// drains it; the other side sends one byte to wake it. Unlike an eventfd,
@@ -563,7 +484,7 @@ pub(crate) enum End {
 }
 
 /// The two halves of a ring connection, over `sock` (kept open for
-/// liveness only) with `spin` as [`ShmConfig::spin`](crate::config::ShmConfig).
+/// liveness only) with `spin` as [`TransportConfig::spin`](crate::TransportConfig::spin).
 pub(crate) fn halves(
     end: End,
     region: Arc<Region>,
@@ -576,7 +497,7 @@ pub(crate) fn halves(
         End::Client => (0, 1, s2c_data, c2s_room, c2s_data, s2c_room),
         End::Server => (1, 0, c2s_data, s2c_room, s2c_data, c2s_room),
     };
-    let activity = Arc::new(Activity { reads: AtomicU64::new(0), writes: AtomicU64::new(0), spin });
+    let activity = Arc::new(Activity::new(spin));
     let sock2 = sock.try_clone()?;
     let register_as = |fd: OwnedFd, interest| -> io::Result<AsyncFd<OwnedFd>> {
         // SAFETY: an OwnedFd's descriptor stays open and the same until it
@@ -682,7 +603,7 @@ impl AsyncRead for RingReader {
                 // SAFETY: read() initialized the first n unfilled bytes.
                 unsafe { buf.assume_init(n) };
                 buf.advance(n);
-                crate::sync::bump(&this.activity.reads);
+                this.activity.read();
                 if this.rx.producer_asleep() {
                     signal(&this.wake_room);
                 }
@@ -699,6 +620,8 @@ impl AsyncRead for RingReader {
             if this.spin.spinning(&this.activity) {
                 return spin_again(cx);
             }
+            // This side's next write wakes us to spin for its answer.
+            this.activity.sleep(cx.waker());
             if this.rx.arm()? {
                 continue;
             }
@@ -768,7 +691,7 @@ impl RingWriter {
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        crate::sync::bump(&self.activity.writes);
+        self.activity.wrote();
         if self.tx.consumer_asleep() {
             signal(&self.wake_data);
         }

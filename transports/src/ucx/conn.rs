@@ -129,7 +129,7 @@ async fn establish(
             (worker, pending, theirs)
         }
     };
-    worker.connect(pending, &theirs, config.ucx.spin).map_err(Failure::Ucx)?;
+    worker.connect(pending, &theirs, config.spin).map_err(Failure::Ucx)?;
     let local = s.peer_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
     let worker = Arc::new(worker);
     let (control_rd, control_wr) = s.into_split();

@@ -49,7 +49,7 @@
 //! Each connection has its own UCP worker, driven by a dedicated thread (a
 //! UCP worker is not thread-safe; one thread per worker keeps every call
 //! for it on that thread). The thread keeps polling for
-//! [`UcxConfig::spin`](crate::config::UcxConfig) (50 µs) after the last
+//! [`TransportConfig::spin`](crate::TransportConfig::spin) (50 µs) after the last
 //! activity, yielding the core every few polls, so that a reply within it
 //! costs no wake-up; then it arms the worker and sleeps in `poll(2)` on the
 //! worker's event fd: an idle connection costs no CPU. Tasks hand it

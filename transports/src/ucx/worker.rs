@@ -33,7 +33,7 @@ use super::grant;
 use crate::sync::lock;
 
 /// Polls of `ucp_worker_progress` without progress before sleeping, at
-/// least (see [`UcxConfig::spin`](crate::config::UcxConfig::spin)).
+/// least (see [`TransportConfig::spin`](crate::TransportConfig::spin)).
 const SPIN: u32 = 64;
 /// How long teardown waits for cancelled operations to complete.
 const TEARDOWN: Duration = Duration::from_secs(2);

@@ -74,9 +74,35 @@ pub(crate) fn warm_buffer(n: usize) -> Vec<u8> {
     v
 }
 
-trait Duplex: Read + Write + Send + 'static {}
-impl Duplex for TcpStream {}
-impl Duplex for UnixStream {}
+trait Duplex: Read + Write + Send + 'static {
+    fn nonblocking(&self) -> std::io::Result<()>;
+}
+impl Duplex for TcpStream {
+    fn nonblocking(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+impl Duplex for UnixStream {
+    fn nonblocking(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+
+/// Reads (`read`) or writes all of `buf`, retrying at once while the
+/// non-blocking socket would block: a busy-polling side.
+fn spin_all(buf: &mut [u8], mut op: impl FnMut(&mut [u8]) -> std::io::Result<usize>) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        match op(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 /// Removes a socket file when dropped.
 struct SocketFile(std::path::PathBuf);
@@ -199,28 +225,45 @@ pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) 
 }
 
 /// Round trips of a `size`-byte message through a raw socket (echoed by a
-/// second thread); returns the latency histogram.
-pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize) -> std::io::Result<Histogram> {
+/// second thread); returns the latency histogram. Each side sleeps in a
+/// blocking read until the other's message arrives, or with `spin`
+/// busy-polls a non-blocking socket instead (no thread ever sleeps: the
+/// floor for a transport that spins, at the cost of two busy cores).
+pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize, spin: bool) -> std::io::Result<Histogram> {
     #[cfg(feature = "quic")]
     if kind == RawSocket::Quic {
         return raw_quic::round_trips(&tensorwire::TransportConfig::default(), size, reps);
     }
     let (mut a, mut b, _dir) = pair(kind)?;
+    if spin {
+        a.nonblocking()?;
+        b.nonblocking()?;
+    }
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = vec![0u8; size];
         for _ in 0..reps {
-            b.read_exact(&mut buf)?;
-            b.write_all(&buf)?;
+            if spin {
+                spin_all(&mut buf, |m| b.read(m))?;
+                spin_all(&mut buf, |m| b.write(m))?;
+            } else {
+                b.read_exact(&mut buf)?;
+                b.write_all(&buf)?;
+            }
         }
         Ok(())
     });
-    let msg = vec![1u8; size];
+    let mut msg = vec![1u8; size];
     let mut back = vec![0u8; size];
     let mut h = Histogram::default();
     for _ in 0..reps {
         let t = Instant::now();
-        a.write_all(&msg)?;
-        a.read_exact(&mut back)?;
+        if spin {
+            spin_all(&mut msg, |m| a.write(m))?;
+            spin_all(&mut back, |m| a.read(m))?;
+        } else {
+            a.write_all(&msg)?;
+            a.read_exact(&mut back)?;
+        }
         h.record(t.elapsed());
     }
     echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
@@ -351,7 +394,14 @@ pub fn bench_client_config() -> tensorwire::ClientConfig {
 
 /// A server builder for benchmarks: [`BenchService`] and the built-in functions.
 pub fn bench_server() -> tensorwire::ServerBuilder {
-    let cfg = tensorwire::ServerConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() };
+    bench_server_with(|_| {})
+}
+
+/// [`bench_server`] with its transport settings changed by `tune` (the
+/// bench's `--spin-us`).
+pub fn bench_server_with(tune: impl FnOnce(&mut tensorwire::TransportConfig)) -> tensorwire::ServerBuilder {
+    let mut cfg = tensorwire::ServerConfig { recv_pool_bytes: bench_recv_pool_bytes(), ..Default::default() };
+    tune(&mut cfg.transport);
     let mut b = tensorwire::Server::builder().config(cfg).service(BenchService::default());
     for f in tensorwire::builtins::builtin_functions() {
         b = b.function(f);

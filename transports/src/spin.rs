@@ -1,0 +1,216 @@
+//! Spinning before sleeping, shared by the transports whose reads the
+//! runtime can poll without blocking (kernel sockets under the mux, the
+//! shared-memory rings).
+//!
+//! A side with nothing to read keeps polling for
+//! [`TransportConfig::spin`](crate::TransportConfig::spin) after the
+//! connection last moved bytes, then sleeps until the runtime wakes it. A
+//! reply that comes within the spin costs no thread wake-up — on a VM, tens
+//! of microseconds each way — and an idle connection costs nothing.
+//!
+//! - **No clock on the data path.** Each side counts its own reads and
+//!   writes ([`Activity`]); a [`Spin`] reads the clock only once the
+//!   counters stopped moving, and then once every few polls.
+//! - **Writes restart the spin.** A reader that went to sleep registers its
+//!   waker; the next write on the connection (a request, say) wakes it, so
+//!   that it spins for the reply instead of sleeping through it.
+//! - **Fair to the runtime.** A spinning task defers its re-poll until the
+//!   runtime has run its other ready tasks and checked its timers and I/O
+//!   ([`spin_again`]).
+//!
+//! Missing a wake-up here only costs latency, never a frame: the sleeping
+//! side is still woken by its socket or doorbell when bytes arrive.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::sync::{bump, lock};
+
+/// Bytes moved by a connection's halves, so either can tell whether the
+/// connection is busy: each half counts its own moves (no clock on the
+/// data path) and spins, instead of sleeping, for `spin` after the last
+/// move it saw.
+pub(crate) struct Activity {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    spin: Duration,
+    /// Set while the reading half sleeps with its waker in `sleeper`.
+    asleep: AtomicBool,
+    sleeper: Mutex<Option<Waker>>,
+}
+
+impl Activity {
+    /// A connection's counters; `spin` zero turns spinning off.
+    pub(crate) fn new(spin: Duration) -> Self {
+        Self {
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            spin,
+            asleep: AtomicBool::new(false),
+            sleeper: Mutex::new(None),
+        }
+    }
+
+    /// The reading half read bytes (only it calls this).
+    pub(crate) fn read(&self) {
+        bump(&self.reads);
+    }
+
+    /// The writing half wrote bytes (one writer at a time): wakes a reader
+    /// that sleeps, so that it spins for the answer.
+    pub(crate) fn wrote(&self) {
+        bump(&self.writes);
+        // Relaxed first: a lost race only means the reader sleeps on.
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::AcqRel) {
+            // Taken first: the lock is not held while waking.
+            let w = lock(&self.sleeper).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+
+    /// The reading half is about to sleep: the next write wakes `waker`
+    /// (nothing when spinning is off).
+    pub(crate) fn sleep(&self, waker: &Waker) {
+        if self.spin.is_zero() {
+            return;
+        }
+        let mut slot = lock(&self.sleeper);
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+        self.asleep.store(true, Ordering::Release);
+    }
+
+    fn moves(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed).wrapping_add(self.writes.load(Ordering::Relaxed))
+    }
+}
+
+/// One half's view of [`Activity`]: the moves it last saw and when.
+pub(crate) struct Spin {
+    seen: u64,
+    /// When `seen` was first seen unchanged (None: not yet looked at the
+    /// clock since it changed).
+    since: Option<Instant>,
+    /// Polls since the clock was last read.
+    polls: u32,
+}
+
+/// Polls between two clock reads while spinning (a poll takes well under
+/// a microsecond; the spin lasts tens of them).
+const POLLS_PER_CLOCK_READ: u32 = 8;
+
+impl Spin {
+    pub(crate) fn new() -> Self {
+        Self { seen: 0, since: None, polls: 0 }
+    }
+
+    /// Whether to poll again rather than sleep: the connection moved bytes
+    /// within about the last `spin`. The clock is read once every
+    /// [`POLLS_PER_CLOCK_READ`] polls of a quiet connection, and never
+    /// while bytes keep moving.
+    pub(crate) fn spinning(&mut self, a: &Activity) -> bool {
+        if a.spin.is_zero() {
+            return false;
+        }
+        let moves = a.moves();
+        if moves != self.seen {
+            self.seen = moves;
+            self.since = None;
+            self.polls = 0;
+            return true;
+        }
+        self.polls = self.polls.wrapping_add(1);
+        match self.since {
+            None => {
+                self.since = Some(Instant::now());
+                true
+            }
+            Some(_) if !self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) => true,
+            Some(since) => since.elapsed() < a.spin,
+        }
+    }
+}
+
+impl Default for Spin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Polls again soon: after the tasks that are ready to run, and after the
+/// runtime has looked at its timers and I/O (tokio's `yield_now`, whose
+/// wake-up is deferred until then). Waking itself instead would keep a
+/// spinning task always in the run queue, and a current-thread runtime polls
+/// its `block_on` future only when the queue runs dry or every 61 tasks: a
+/// caller waiting there would wait microseconds for every reply.
+pub(crate) fn spin_again<T>(cx: &mut Context<'_>) -> Poll<T> {
+    // The first poll registers the deferred wake-up; the future itself is
+    // not needed after it.
+    let y = std::pin::pin!(tokio::task::yield_now());
+    if std::future::Future::poll(y, cx).is_ready() {
+        // Not reached (a fresh yield is pending once): poll again anyway.
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn spins_after_moves_then_stops_after_the_spin() {
+        let a = Activity::new(Duration::from_millis(20));
+        let mut s = Spin::new();
+        a.read();
+        assert!(s.spinning(&a), "bytes just moved");
+        let t = Instant::now();
+        while s.spinning(&a) {
+            assert!(t.elapsed() < Duration::from_secs(5), "never stopped spinning");
+        }
+        assert!(t.elapsed() >= Duration::from_millis(20), "stopped before the spin ended");
+        a.wrote();
+        assert!(s.spinning(&a), "a write starts the spin again");
+    }
+
+    #[test]
+    fn zero_spin_never_spins_and_never_registers_a_sleeper() {
+        let a = Activity::new(Duration::ZERO);
+        let mut s = Spin::new();
+        a.read();
+        assert!(!s.spinning(&a));
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        a.sleep(&Waker::from(count.clone()));
+        a.wrote();
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_write_wakes_a_sleeping_reader_once() {
+        let a = Activity::new(Duration::from_micros(50));
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        a.sleep(&Waker::from(count.clone()));
+        a.wrote();
+        a.wrote();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "one wake per sleep");
+        a.sleep(&Waker::from(count.clone()));
+        a.wrote();
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+    }
+}
