@@ -54,6 +54,8 @@ impl CallOptions {
 pub(crate) struct ClientSession {
     pub(crate) conn: Arc<dyn Connection>,
     pub(crate) info: ConnectionInfo,
+    /// `info.peer`, shared by the calls' readers.
+    pub(crate) peer: Arc<str>,
     pub(crate) caps: SharedCaps,
     pub(crate) welcome: v1::Welcome,
     pub(crate) link: Arc<LinkEstimator>,
@@ -246,7 +248,7 @@ impl Client {
         };
         let frame = tensorwire_transports::Frame::header_only(v1::FrameHeader::new(Kind::Hello(Box::new(hello))));
         tx.send_last(frame).await.map_err(|e| proto(e.to_string()))?;
-        let mut r = FrameReader::new(rx, info.peer.clone(), cfg.limits.clone(), false);
+        let mut r = FrameReader::new(rx, Arc::from(info.peer.as_str()), cfg.limits.clone(), false);
         let welcome = match tokio::time::timeout(cfg.transport.connect_timeout, r.next()).await {
             Err(_) => {
                 return Err(ConnectError::Timeout { endpoint: ep.to_string(), after: cfg.transport.connect_timeout });
@@ -262,7 +264,14 @@ impl Client {
             Ok(Err(e)) => return Err(proto(e.to_string())),
         };
         let caps = Arc::new(accept_welcome(&welcome).map_err(proto)?);
-        Ok(ClientSession { conn, info, caps, welcome, link: Arc::new(LinkEstimator::default()) })
+        Ok(ClientSession {
+            conn,
+            peer: Arc::from(info.peer.as_str()),
+            info,
+            caps,
+            welcome,
+            link: Arc::new(LinkEstimator::default()),
+        })
     }
 
     pub(crate) fn encoding(&self, opts: &CallOptions) -> Encoding {
@@ -304,8 +313,8 @@ impl Client {
         let mut w =
             FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
                 .for_transport(s.info.transport);
-        let mut r = FrameReader::new(rx, s.info.peer.clone(), cfg.limits.clone(), cfg.placement)
-            .with_pool(self.inner.pool.clone());
+        let mut r =
+            FrameReader::new(rx, s.peer.clone(), cfg.limits.clone(), cfg.placement).with_pool(self.inner.pool.clone());
         w.progress = cfg.progress.clone();
         w.defer_link = kind == StreamKind::Send;
         r.progress = cfg.progress.clone();

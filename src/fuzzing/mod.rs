@@ -160,11 +160,11 @@ pub fn reassembly(data: &[u8]) {
         let (head, tail) = tail.split_at(n);
         rest = tail;
         let Ok(h) = FrameHeader::decode(head) else { continue };
-        let Some(Kind::Chunk(c)) = h.kind else { continue };
+        let Some(Kind::Chunk(mut c)) = h.kind else { continue };
         let plen = (c.raw_len as usize).min(rest.len()).min(1 << 20);
         let (payload, tail) = rest.split_at(plen);
         rest = tail;
-        match a.push(&c, Bytes::copy_from_slice(payload)) {
+        match a.push(&mut c, Bytes::copy_from_slice(payload)) {
             Ok(Step::Done(_)) => {
                 let _ = a.finished();
             }

@@ -239,8 +239,9 @@ impl Reassembler {
     }
 
     /// Checks the header of the next chunk, whose wire payload has
-    /// `payload_len` bytes, and returns where its bytes go.
-    pub fn plan(&mut self, c: &v1::Chunk, payload_len: usize) -> Result<ChunkPlan, ChunkError> {
+    /// `payload_len` bytes, and returns where its bytes go. The tensor's
+    /// info is taken out of its first chunk (kept for [`Self::finished`]).
+    pub fn plan(&mut self, c: &mut v1::Chunk, payload_len: usize) -> Result<ChunkPlan, ChunkError> {
         let compression = compression_from_wire(c.compression).map_err(ChunkError::Protocol)?;
         if compression == Compression::None && c.raw_len != payload_len as u64 {
             return Err(ChunkError::Protocol(format!(
@@ -259,9 +260,9 @@ impl Reassembler {
                     c.tensor_id, c.index, c.offset
                 )));
             }
-            let Some(info) = &c.info else {
+            if c.info.is_none() {
                 return Err(ChunkError::Protocol(format!("first chunk of tensor {} has no tensor info", c.tensor_id)));
-            };
+            }
             if c.total_bytes > self.limits.max_tensor_bytes {
                 return Err(ChunkError::TooLarge {
                     tensor_id: c.tensor_id,
@@ -272,7 +273,7 @@ impl Reassembler {
             if usize::try_from(c.total_bytes).is_err() {
                 return Err(ChunkError::Protocol(format!("tensor of {} bytes does not fit in memory", c.total_bytes)));
             }
-            self.info = Some((**info).clone());
+            self.info = c.info.take().map(|i| *i);
             self.crc32c = None;
             self.current =
                 Some(Partial { tensor_id: c.tensor_id, total: c.total_bytes, next_index: 0, next_offset: 0 });
@@ -432,7 +433,7 @@ impl Assembly {
     }
 
     /// Feeds a chunk whose payload arrived in memory.
-    pub fn push(&mut self, c: &v1::Chunk, payload: Bytes) -> Result<Step, ChunkError> {
+    pub fn push(&mut self, c: &mut v1::Chunk, payload: Bytes) -> Result<Step, ChunkError> {
         verify(c, &payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
@@ -482,7 +483,7 @@ impl Assembly {
     /// (`dst`, which the caller checked against the tensor's declared size
     /// before the first chunk): writes or decompresses the chunk at its
     /// offset, never past `dst`. Returns true after the last chunk.
-    pub fn push_to(&mut self, c: &v1::Chunk, payload: &[u8], dst: &mut [u8]) -> Result<bool, ChunkError> {
+    pub fn push_to(&mut self, c: &mut v1::Chunk, payload: &[u8], dst: &mut [u8]) -> Result<bool, ChunkError> {
         verify(c, payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.total != dst.len() {
@@ -499,7 +500,7 @@ impl Assembly {
 
     /// Feeds a chunk whose payload arrived in memory while the buffer is
     /// lent: writes it into `lent`. Returns true after the last chunk.
-    pub fn push_into(&mut self, c: &v1::Chunk, payload: &[u8], lent: &mut [u8]) -> Result<bool, ChunkError> {
+    pub fn push_into(&mut self, c: &mut v1::Chunk, payload: &[u8], lent: &mut [u8]) -> Result<bool, ChunkError> {
         verify(c, payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
         if plan.first {
@@ -517,7 +518,7 @@ impl Assembly {
     /// writing the next chunks into the buffer meanwhile.
     pub fn placed(
         &mut self,
-        c: &v1::Chunk,
+        c: &mut v1::Chunk,
         offset: u64,
         len: usize,
         lent_len: usize,
@@ -577,7 +578,7 @@ mod tests {
         let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: limit }, None);
         let mut out = None;
         for (c, p) in chunks {
-            if let Step::Done(b) = a.push(c, p.clone())? {
+            if let Step::Done(b) = a.push(&mut c.clone(), p.clone())? {
                 out = Some(b.to_vec());
             }
         }

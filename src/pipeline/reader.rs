@@ -39,7 +39,7 @@ pub(crate) enum IntoItem {
 /// sans-IO [`Assembly`].
 pub(crate) struct FrameReader {
     recv: Box<dyn RecvStream>,
-    pub(crate) peer: String,
+    pub(crate) peer: Arc<str>,
     asm: Assembly,
     limits: Limits,
     placement: bool,
@@ -56,7 +56,7 @@ pub(crate) struct FrameReader {
 }
 
 impl FrameReader {
-    pub(crate) fn new(recv: Box<dyn RecvStream>, peer: String, limits: Limits, placement: bool) -> Self {
+    pub(crate) fn new(recv: Box<dyn RecvStream>, peer: Arc<str>, limits: Limits, placement: bool) -> Self {
         Self {
             recv,
             peer,
@@ -93,7 +93,7 @@ impl FrameReader {
     }
 
     pub(crate) fn protocol(&self, reason: impl Into<String>) -> CallError {
-        CallError::Protocol { peer: self.peer.clone(), reason: reason.into() }
+        CallError::Protocol { peer: self.peer.to_string(), reason: reason.into() }
     }
 
     fn chunk_error(&self, e: ChunkError) -> CallError {
@@ -132,7 +132,7 @@ impl FrameReader {
         }
     }
 
-    async fn read_tensor(&mut self, first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
+    async fn read_tensor(&mut self, mut first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
         if self.tensors >= u64::from(self.limits.max_tensors_per_call) {
             return Err(CallError::Limit {
                 what: "tensors in one call (max_tensors_per_call)",
@@ -140,18 +140,18 @@ impl FrameReader {
                 limit: self.limits.max_tensors_per_call.into(),
             });
         }
-        let step = self.asm.push(&first, p0).map_err(|e| self.chunk_error(e))?;
+        let step = self.asm.push(&mut first, p0).map_err(|e| self.chunk_error(e))?;
         self.count_progress(first.raw_len);
         if let Step::Done(payload) = step {
             return self.finish_tensor(payload);
         }
         if !self.placement {
             loop {
-                let (c, payload) = self.next_chunk().await?;
+                let (mut c, payload) = self.next_chunk().await?;
                 let Payload::Bytes(b) = payload else {
                     return Err(self.protocol("a chunk was placed without a placement buffer"));
                 };
-                let step = self.asm.push(&c, b).map_err(|e| self.chunk_error(e))?;
+                let step = self.asm.push(&mut c, b).map_err(|e| self.chunk_error(e))?;
                 self.count_progress(c.raw_len);
                 if let Step::Done(payload) = step {
                     return self.finish_tensor(payload);
@@ -222,7 +222,7 @@ impl FrameReader {
             Payload::Placed { .. } => return Err(self.protocol("a chunk was placed without a placement buffer")),
         };
         loop {
-            let last = self.asm.push_to(&c, &payload, dst).map_err(|e| self.chunk_error(e))?;
+            let last = self.asm.push_to(&mut c, &payload, dst).map_err(|e| self.chunk_error(e))?;
             self.count_progress(c.raw_len);
             if last {
                 break;
@@ -259,20 +259,20 @@ impl FrameReader {
     /// Reads chunks until the last one while the buffer is lent to the transport.
     async fn read_placed(&mut self, placement: &Placement) -> Result<(), CallError> {
         loop {
-            let (c, payload) = self.next_chunk().await?;
+            let (mut c, payload) = self.next_chunk().await?;
             let last = match payload {
                 Payload::Bytes(b) => {
                     let mut g = placement.lock().await;
-                    self.asm.push_into(&c, &b, &mut g)
+                    self.asm.push_into(&mut c, &b, &mut g)
                 }
                 // Only a checksum needs the bytes: without one the buffer
                 // stays with the transport (UCX may be writing the next
                 // chunks into it).
                 Payload::Placed { offset, len } if c.chunk_crc32c.is_some() => {
                     let g = placement.lock().await;
-                    self.asm.placed(&c, offset, len, g.len(), Some(&g))
+                    self.asm.placed(&mut c, offset, len, g.len(), Some(&g))
                 }
-                Payload::Placed { offset, len } => self.asm.placed(&c, offset, len, placement.len(), None),
+                Payload::Placed { offset, len } => self.asm.placed(&mut c, offset, len, placement.len(), None),
             }
             .map_err(|e| self.chunk_error(e))?;
             self.count_progress(c.raw_len);

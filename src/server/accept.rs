@@ -91,6 +91,7 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
     let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
     let info = conn.info();
     let session = Arc::new(Session {
+        peer: Arc::from(info.peer.as_str()),
         info: info.clone(),
         handshaken: AtomicBool::new(info.stateless),
         caps: Mutex::new(SharedCaps::default()),

@@ -28,7 +28,7 @@ use crate::util::sync::lock;
 pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
     let _active = inner.begin_call();
     let Incoming { kind, send, recv } = inc;
-    let reader = FrameReader::new(recv, sess.info.peer.clone(), inner.config.limits.clone(), inner.config.placement)
+    let reader = FrameReader::new(recv, sess.peer.clone(), inner.config.limits.clone(), inner.config.placement)
         .with_pool(inner.pool.clone());
     let mut writer = FrameWriter::new(
         send,
@@ -39,7 +39,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     )
     .for_transport(sess.info.transport);
     let mut input = TensorStream::new(reader, false);
-    let req = match input.reader_mut().next().await {
+    let mut req = match input.reader_mut().next().await {
         Ok(Item::Control(h)) => match h.kind {
             Some(Kind::Hello(hello)) => return handshake(&inner, &sess, *hello, &mut writer).await,
             Some(Kind::Request(r)) => *r,
@@ -78,9 +78,10 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let timeout_ms = req.timeout_ms;
     let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
     let ctx = CallContext {
-        peer: Arc::from(sess.info.peer.as_str()),
+        peer: sess.peer.clone(),
         transport: sess.info.transport,
-        function: req.function.clone(),
+        // The function's name lives on in the context (run_method looks it up there).
+        function: std::mem::take(&mut req.function),
         deadline,
         cancel: Cancellation::default(),
         max_tensor_bytes: inner.config.limits.max_tensor_bytes,
@@ -252,7 +253,7 @@ async fn run_method(
         }
         Method::Call | Method::Submit => {
             let inputs = inputs_of(input).await?;
-            let f = inner.functions.get(&req.function)?.clone();
+            let f = inner.functions.get(&ctx.function)?.clone();
             let stacked = req.examples as usize;
             if stacked > 0 {
                 if inputs.iter().any(|t| t.shape().first() != Some(&stacked)) {

@@ -52,6 +52,7 @@ pub(crate) async fn start(
         stateless: true,
     };
     let session = Arc::new(Session {
+        peer: Arc::from(peer.as_str()),
         info,
         handshaken: AtomicBool::new(true),
         caps: Mutex::new(SharedCaps::default()),
@@ -68,6 +69,6 @@ pub(crate) async fn start(
     writer.control(Kind::Request(Box::new(request)));
     writer.flush(false).await?;
     let limits = inner.config.limits.clone();
-    let output = TensorStream::new(FrameReader::new(Box::new(from_server), peer, limits, false), true);
+    let output = TensorStream::new(FrameReader::new(Box::new(from_server), Arc::from(peer), limits, false), true);
     Ok(LocalCall { writer, output })
 }

@@ -118,6 +118,8 @@ pub(crate) struct ConnEntry {
 /// Per-connection state shared by its streams.
 pub(crate) struct Session {
     pub(crate) info: ConnectionInfo,
+    /// `info.peer`, shared by the calls' readers and contexts.
+    pub(crate) peer: Arc<str>,
     pub(crate) handshaken: AtomicBool,
     pub(crate) caps: Mutex<SharedCaps>,
     pub(crate) link: Arc<LinkEstimator>,
