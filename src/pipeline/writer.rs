@@ -16,7 +16,8 @@ use super::link::{LinkEstimator, SharedCaps};
 use super::storages::Share;
 use super::wire::{compression_to_wire, info_to_wire};
 use crate::config::{
-    AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, MIN_COMPRESS_BYTES,
+    AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, LINK_ESTIMATE_MIN_BYTES,
+    MIN_COMPRESS_BYTES,
     UCX_CHUNK_BYTES, UCX_FIRST_CHUNK_BYTES,
 };
 use crate::error::CallError;
@@ -193,7 +194,12 @@ impl FrameWriter {
         if let Some(crc) = crc {
             chunker = chunker.with_crc32c(crc);
         }
-        let started = Instant::now();
+        // The link estimate ignores transfers below LINK_ESTIMATE_MIN_BYTES:
+        // a small tensor reads no clock (a deferred estimate times the call
+        // from its first tensor).
+        let timed = self.link.is_some()
+            && if self.defer_link { self.first_sent.is_none() } else { total as u64 >= LINK_ESTIMATE_MIN_BYTES };
+        let started = timed.then(Instant::now);
         let mut wire_bytes = 0u64;
         while let Some((mut c, mut payload)) = chunker.next_chunk() {
             if compression != Compression::None
@@ -218,9 +224,11 @@ impl FrameWriter {
                 p.fetch_add(raw_len, Ordering::Relaxed);
             }
         }
-        self.first_sent.get_or_insert(started);
+        if self.first_sent.is_none() {
+            self.first_sent = started;
+        }
         self.wire_bytes += wire_bytes;
-        if let Some(link) = &self.link
+        if let (Some(link), Some(started)) = (&self.link, started)
             && !self.defer_link
         {
             link.record(wire_bytes, started.elapsed().as_secs_f64());

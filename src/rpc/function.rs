@@ -260,6 +260,12 @@ impl Function {
 
     /// Runs the function on `call` (signature already checked).
     pub(crate) async fn run(&self, call: Call) -> Result<Output, Status> {
+        self.run_timed(call).await.0
+    }
+
+    /// [`Self::run`], and how long the function took (the server reports
+    /// it to the caller; one pair of clock reads serves both).
+    pub(crate) async fn run_timed(&self, call: Call) -> (Result<Output, Status>, std::time::Duration) {
         let started = Instant::now();
         let name = self.name.clone();
         let panicked = move |p: Box<dyn std::any::Any + Send>| {
@@ -285,10 +291,11 @@ impl Function {
             Exec::Async(f) => AssertUnwindSafe(f(call)).catch_unwind().await.unwrap_or_else(|p| Err(panicked(p))),
             Exec::Batched(b) => b.submit(call).await,
         };
+        let took = started.elapsed();
         if !matches!(self.exec, Exec::Batched(_)) {
-            self.stats.record(started.elapsed(), r.is_ok(), 1);
+            self.stats.record(took, r.is_ok(), 1);
         }
-        r
+        (r, took)
     }
 }
 

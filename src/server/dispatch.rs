@@ -271,9 +271,15 @@ async fn run_method(
                 let id = inner.tasks.submit(f, call)?;
                 return Ok(v1::Reply { task: Some(task_status(&id, &TaskState::Pending)), ..Default::default() });
             }
-            let started = Instant::now();
-            let out = if stacked > 0 { f.run_stacked(call, stacked).await? } else { f.run(call).await? };
-            let server_time_us = started.elapsed().as_micros() as u64;
+            let (out, took) = if stacked > 0 {
+                let started = Instant::now();
+                let out = f.run_stacked(call, stacked).await;
+                (out, started.elapsed())
+            } else {
+                f.run_timed(call).await
+            };
+            let out = out?;
+            let server_time_us = took.as_micros() as u64;
             for t in &out.tensors {
                 writer.send_tensor(t, true).await.map_err(Status::from)?;
             }

@@ -50,8 +50,12 @@ async fn pair(scheme: &str, config: TransportConfig) -> Pair {
 
 #[tokio::test]
 async fn echo_streams_on_both_transports() {
-    for scheme in ["tcp", "unix"] {
-        let p = pair(scheme, TransportConfig::default()).await;
+    // Readers that spin after traffic (the default) and readers that sleep
+    // at once; the pause between calls outlasts the spin, so each call finds
+    // the readers asleep and the request's write wakes the client's reader.
+    let spins = [TransportConfig::default().spin, std::time::Duration::ZERO];
+    for (scheme, spin) in ["tcp", "unix"].into_iter().flat_map(|s| spins.map(|d| (s, d))) {
+        let p = pair(scheme, TransportConfig { spin, ..TransportConfig::default() }).await;
         let server = p.server.clone();
         let srv = tokio::spawn(async move {
             while let Ok(mut inc) = server.accept().await {
@@ -70,8 +74,9 @@ async fn echo_streams_on_both_transports() {
             tx.send_last(Frame { header: chunk_header(0, size as u64), payload: payload.clone() }).await.unwrap();
             let got = rx.recv().await.unwrap().unwrap();
             let Payload::Bytes(b) = got.payload else { panic!() };
-            assert_eq!(b, payload, "{scheme} size {size}");
+            assert_eq!(b, payload, "{scheme} size {size} spin {spin:?}");
             assert!(rx.recv().await.unwrap().is_none(), "FIN after the echo");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         p.client.close("done");
         srv.abort();
