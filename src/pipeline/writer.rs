@@ -17,8 +17,7 @@ use super::storages::Share;
 use super::wire::{compression_to_wire, info_to_wire};
 use crate::config::{
     AUTO_COMPRESS_MIN_BYTES, AUTO_COMPRESS_SAMPLE_BYTES, Encoding, HOLD_FLUSH_BYTES, LINK_ESTIMATE_MIN_BYTES,
-    MIN_COMPRESS_BYTES,
-    UCX_CHUNK_BYTES, UCX_FIRST_CHUNK_BYTES,
+    MIN_COMPRESS_BYTES, UCX_CHUNK_BYTES, UCX_FIRST_CHUNK_BYTES,
 };
 use crate::error::CallError;
 
@@ -198,7 +197,7 @@ impl FrameWriter {
         // a small tensor reads no clock (a deferred estimate times the call
         // from its first tensor).
         let timed = self.link.is_some()
-            && if self.defer_link { self.first_sent.is_none() } else { total as u64 >= LINK_ESTIMATE_MIN_BYTES };
+            && if self.defer_link { self.first_sent.is_none() } else { total >= LINK_ESTIMATE_MIN_BYTES };
         let started = timed.then(Instant::now);
         let mut wire_bytes = 0u64;
         while let Some((mut c, mut payload)) = chunker.next_chunk() {
