@@ -33,16 +33,19 @@ pub struct TransportConfig {
     /// a client reconnects on its next call). QUIC uses
     /// [`QuicConfig::idle_timeout`].
     pub idle_timeout: Option<Duration>,
-    /// How long a connection's side keeps polling for bytes after the
-    /// connection last moved any, before it sleeps until the runtime or the
-    /// peer wakes it (default 50 µs; zero: sleep at once). Applies to the
-    /// mux over sockets (tcp, tcps, unix), the shared-memory rings and
-    /// UCX's progress thread. A reply within it costs no thread wake-up —
-    /// tens of microseconds each way on a VM — so a small call over
-    /// loopback takes a fraction of a sleeping ping-pong; it costs CPU only
-    /// right after traffic (a write on the connection starts it again, so a
-    /// caller's request is followed by a spin for the reply), and an idle
-    /// connection costs nothing.
+    /// How long a connection's reader keeps polling for bytes after it last
+    /// read some, before it sleeps until the runtime or the peer wakes it
+    /// (default 50 µs). Applies to the mux over sockets (tcp, tcps, unix),
+    /// the shared-memory rings (whose writer also polls this long for room)
+    /// and UCX's progress thread; not to gRPC or QUIC. A reply within it
+    /// costs no thread wake-up — tens of microseconds each way on a VM — so
+    /// a small call over loopback takes a fraction of a sleeping ping-pong.
+    /// The first write after a quiet spell starts one more spin (a request
+    /// is followed by a spin for its reply, waking the reader if it slept);
+    /// further writes alone do not, so a long one-way send does not keep its
+    /// reader busy. It costs CPU only right after traffic, and an idle
+    /// connection nothing. Zero: sleep at once (UCX's progress thread still
+    /// polls a few dozen times first).
     pub spin: Duration,
     /// Kernel socket buffer sizes (SO_SNDBUF/SO_RCVBUF); None keeps the
     /// OS default (default 4 MiB each for TCP, raised where allowed).

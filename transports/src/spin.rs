@@ -11,9 +11,13 @@
 //! - **No clock on the data path.** Each side counts its own reads and
 //!   writes ([`Activity`]); a [`Spin`] reads the clock only once the
 //!   counters stopped moving, and then once every few polls.
-//! - **Writes restart the spin.** A reader that went to sleep registers its
-//!   waker; the next write on the connection (a request, say) wakes it, so
-//!   that it spins for the reply instead of sleeping through it.
+//! - **A write restarts a reader's spin, once.** A reader that went to
+//!   sleep registers its waker; the next write on the connection (a
+//!   request, say) wakes it, so that it spins for the reply instead of
+//!   sleeping through it. Reads keep a reader spinning; writes alone start
+//!   one more spin and no more, so a long one-way send does not keep its
+//!   own reader busy (the writing half waiting for room, on the rings, does
+//!   count its writes).
 //! - **Fair to the runtime.** A spinning task defers its re-poll until the
 //!   runtime has run its other ready tasks and checked its timers and I/O
 //!   ([`spin_again`]).
@@ -28,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{bump, lock};
 
-/// Bytes moved by a connection's halves, so either can tell whether the
-/// connection is busy: each half counts its own moves (no clock on the
-/// data path) and spins, instead of sleeping, for `spin` after the last
-/// move it saw.
+/// Reads and writes that moved bytes on a connection, so either half can
+/// tell whether the connection is busy: each half counts its own (no clock
+/// on the data path) and spins, instead of sleeping, for `spin` after the
+/// last one it saw.
 pub(crate) struct Activity {
     reads: AtomicU64,
     writes: AtomicU64,
@@ -53,9 +57,12 @@ impl Activity {
         }
     }
 
-    /// The reading half read bytes (only it calls this).
+    /// The reading half read bytes (only it calls this): it is awake.
     pub(crate) fn read(&self) {
         bump(&self.reads);
+        if self.asleep.load(Ordering::Relaxed) {
+            self.asleep.store(false, Ordering::Relaxed);
+        }
     }
 
     /// The writing half wrote bytes (one writer at a time): wakes a reader
@@ -64,10 +71,10 @@ impl Activity {
         bump(&self.writes);
         // Relaxed first: a lost race only means the reader sleeps on.
         if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::AcqRel) {
-            // Taken first: the lock is not held while waking.
-            let w = lock(&self.sleeper).take();
-            if let Some(w) = w {
-                w.wake();
+            // The waker stays for the next sleep (no clone then); waking
+            // only schedules the task, it runs nothing under this lock.
+            if let Some(w) = &*lock(&self.sleeper) {
+                w.wake_by_ref();
             }
         }
     }
@@ -91,9 +98,21 @@ impl Activity {
     }
 }
 
+/// What a [`Spin`] watches: every move, or (a reader) reads, plus one
+/// restart for the first write after them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    Moves,
+    Reads,
+}
+
 /// One half's view of [`Activity`]: the moves it last saw and when.
 pub(crate) struct Spin {
     seen: u64,
+    /// A reader's write count at its last read, and whether a write since
+    /// has restarted its spin (once per quiet spell).
+    seen_writes: u64,
+    write_restarted: bool,
     /// When `seen` was first seen unchanged (None: not yet looked at the
     /// clock since it changed).
     since: Option<Instant>,
@@ -107,7 +126,7 @@ const POLLS_PER_CLOCK_READ: u32 = 8;
 
 impl Spin {
     pub(crate) fn new() -> Self {
-        Self { seen: 0, since: None, polls: 0 }
+        Self { seen: 0, seen_writes: 0, write_restarted: false, since: None, polls: 0 }
     }
 
     /// Whether to poll again rather than sleep: the connection moved bytes
@@ -115,12 +134,42 @@ impl Spin {
     /// [`POLLS_PER_CLOCK_READ`] polls of a quiet connection, and never
     /// while bytes keep moving.
     pub(crate) fn spinning(&mut self, a: &Activity) -> bool {
+        self.check(a, Watch::Moves)
+    }
+
+    /// [`Self::spinning`] for a reading half: reads keep it spinning, and
+    /// the first write after a quiet spell starts one more spin (a request
+    /// waiting for its reply), but writes alone do not keep it spinning.
+    pub(crate) fn reading(&mut self, a: &Activity) -> bool {
+        self.check(a, Watch::Reads)
+    }
+
+    fn check(&mut self, a: &Activity, watch: Watch) -> bool {
         if a.spin.is_zero() {
             return false;
         }
-        let moves = a.moves();
-        if moves != self.seen {
-            self.seen = moves;
+        let restart = match watch {
+            Watch::Moves => {
+                let moves = a.moves();
+                let changed = moves != self.seen;
+                self.seen = moves;
+                changed
+            }
+            Watch::Reads => {
+                let (reads, writes) = (a.reads.load(Ordering::Relaxed), a.writes.load(Ordering::Relaxed));
+                if reads != self.seen {
+                    (self.seen, self.seen_writes, self.write_restarted) = (reads, writes, false);
+                    true
+                } else if !self.write_restarted && writes != self.seen_writes {
+                    // The first write since the last read: one more spin, from now.
+                    self.write_restarted = true;
+                    true
+                } else {
+                    false
+                }
+            }
+        };
+        if restart {
             self.since = None;
             self.polls = 0;
             return true;
@@ -132,7 +181,13 @@ impl Spin {
                 true
             }
             Some(_) if !self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) => true,
-            Some(since) => since.elapsed() < a.spin,
+            Some(since) if since.elapsed() < a.spin => true,
+            Some(_) => {
+                // Over: the next poll reads the clock again at once rather
+                // than spinning a few more polls on a quiet connection.
+                self.polls = POLLS_PER_CLOCK_READ - 1;
+                false
+            }
         }
     }
 }
@@ -187,6 +242,49 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(20), "stopped before the spin ended");
         a.wrote();
         assert!(s.spinning(&a), "a write starts the spin again");
+    }
+
+    /// Spins until the spin is over; panics if it never ends.
+    fn until_quiet(s: &mut Spin, a: &Activity) {
+        let t = Instant::now();
+        while s.reading(a) {
+            assert!(t.elapsed() < Duration::from_secs(5), "never stopped spinning");
+        }
+    }
+
+    #[test]
+    fn a_reader_spins_on_reads_and_once_more_for_a_write() {
+        let a = Activity::new(Duration::from_millis(5));
+        let mut s = Spin::new();
+        a.read();
+        assert!(s.reading(&a));
+        until_quiet(&mut s, &a);
+        assert!(!s.reading(&a), "quiet: stays asleep, and reads the clock at once");
+        // A request after the quiet spell: one more spin, from the write.
+        a.wrote();
+        assert!(s.reading(&a), "the first write after a read restarts the spin");
+        until_quiet(&mut s, &a);
+        // Writes alone (a long one-way send) restart nothing more.
+        for _ in 0..3 {
+            a.wrote();
+            assert!(!s.reading(&a), "a second write in the same quiet spell kept the reader spinning");
+        }
+        // A read (the reply) starts over.
+        a.read();
+        assert!(s.reading(&a));
+        until_quiet(&mut s, &a);
+        a.wrote();
+        assert!(s.reading(&a), "after a read, a write restarts the spin again");
+    }
+
+    #[test]
+    fn reading_clears_the_sleeper_so_a_write_wakes_nobody() {
+        let a = Activity::new(Duration::from_micros(50));
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        a.sleep(&Waker::from(count.clone()));
+        a.read();
+        a.wrote();
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "a reader that read is awake: nothing to wake");
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for SpinRead<R> {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             // The socket has registered the task for readiness either way.
-            Poll::Pending if this.spin.spinning(&this.activity) => spin_again(cx),
+            Poll::Pending if this.spin.reading(&this.activity) => spin_again(cx),
             Poll::Pending => {
                 this.activity.sleep(cx.waker());
                 Poll::Pending
@@ -107,5 +107,117 @@ impl<W: MuxWrite> MuxWrite for SpinWrite<W> {
 
     fn spins(&self) -> bool {
         self.wr.spins()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+    use std::time::Duration;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A write half that takes everything at once.
+    struct Sink;
+    impl AsyncWrite for Sink {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+    impl MuxWrite for Sink {
+        fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            Ok(bufs.iter().map(|b| b.len()).sum())
+        }
+        fn spins(&self) -> bool {
+            true
+        }
+    }
+
+    fn poll(rd: &mut SpinRead<tokio::io::DuplexStream>, waker: &Waker) -> Poll<usize> {
+        let mut cx = Context::from_waker(waker);
+        let mut b = [0u8; 16];
+        let mut buf = ReadBuf::new(&mut b);
+        match Pin::new(rd).poll_read(&mut cx, &mut buf) {
+            Poll::Ready(r) => Poll::Ready(r.map(|()| buf.filled().len()).unwrap()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Polls an idle reader until it stops spinning (outside a runtime a
+    /// spinning poll wakes its task at once) and goes to sleep.
+    fn until_asleep(rd: &mut SpinRead<tokio::io::DuplexStream>, count: &Arc<Count>) {
+        let waker = Waker::from(count.clone());
+        for _ in 0..100_000 {
+            let before = count.0.load(Ordering::SeqCst);
+            assert!(poll(rd, &waker).is_pending(), "nothing to read");
+            if count.0.load(Ordering::SeqCst) == before {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        panic!("the reader never stopped spinning");
+    }
+
+    #[test]
+    fn a_write_wakes_a_sleeping_reader_once_and_reads_keep_it_spinning() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let (mut rd, wr) = halves(a, Sink, Activity::new(Duration::from_micros(200)));
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        until_asleep(&mut rd, &count);
+        let woken = count.0.load(Ordering::SeqCst);
+        wr.try_write_now(&[IoSlice::new(b"request")]).unwrap();
+        assert_eq!(count.0.load(Ordering::SeqCst), woken + 1, "the write woke the sleeping reader");
+        wr.try_write_now(&[IoSlice::new(b"more")]).unwrap();
+        assert_eq!(count.0.load(Ordering::SeqCst), woken + 1, "one wake per sleep");
+        // Woken, it spins for the answer, and reads it.
+        let waker = Waker::from(count.clone());
+        assert!(poll(&mut rd, &waker).is_pending());
+        assert!(count.0.load(Ordering::SeqCst) > woken + 1, "woken by a write, the reader spins");
+        tokio_test_write(&mut b, b"reply");
+        assert_eq!(poll(&mut rd, &waker), Poll::Ready(5));
+        // Writes alone after that quiet spell: the reader sleeps, and a
+        // further write in the same spell wakes it once but it sleeps on.
+        until_asleep(&mut rd, &count);
+        drop(b);
+        let before = count.0.load(Ordering::SeqCst);
+        assert_eq!(poll(&mut rd, &waker), Poll::Ready(0), "end of stream: ready, no spin");
+        assert_eq!(count.0.load(Ordering::SeqCst), before);
+    }
+
+    /// Writes `data` into the duplex end without a runtime.
+    fn tokio_test_write(b: &mut tokio::io::DuplexStream, data: &[u8]) {
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        match Pin::new(b).poll_write(&mut cx, data) {
+            Poll::Ready(Ok(n)) => assert_eq!(n, data.len()),
+            other => panic!("write: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn zero_spin_is_a_pass_through() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let (mut rd, wr) = halves(a, Sink, Activity::new(Duration::ZERO));
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        assert!(poll(&mut rd, &waker).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "no spin: pending without waking itself");
+        wr.try_write_now(&[IoSlice::new(b"x")]).unwrap();
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "no spin: a write wakes nobody");
+        tokio_test_write(&mut b, b"abc");
+        assert_eq!(poll(&mut rd, &waker), Poll::Ready(3));
     }
 }

@@ -617,14 +617,15 @@ impl AsyncRead for RingReader {
                 }
                 continue;
             }
-            if this.spin.spinning(&this.activity) {
+            if this.spin.reading(&this.activity) {
                 return spin_again(cx);
             }
-            // This side's next write wakes us to spin for its answer.
-            this.activity.sleep(cx.waker());
             if this.rx.arm()? {
                 continue;
             }
+            // Going to sleep: this side's next write wakes us to spin for
+            // its answer.
+            this.activity.sleep(cx.waker());
             match this.data.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
                     if drain(g.get_ref().get_ref()) {

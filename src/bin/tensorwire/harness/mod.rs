@@ -63,6 +63,66 @@ pub enum Receive {
     Fresh,
 }
 
+/// A receive buffer on fresh pages: a new anonymous mapping, unmapped when
+/// dropped, so writing it faults every page in as a receiver that
+/// allocates per tensor would (an allocator recycles freed memory instead:
+/// the CLI's mimalloc does, which is why this is not a `Vec`).
+pub struct FreshPages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone.
+unsafe impl Send for FreshPages {}
+
+impl FreshPages {
+    /// Maps `len` bytes of new, never-touched memory.
+    pub fn new(len: usize) -> std::io::Result<Self> {
+        if len == 0 {
+            return Ok(Self { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0 });
+        }
+        // SAFETY: a new private anonymous mapping; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr: p.cast(), len })
+    }
+}
+
+impl std::ops::Deref for FreshPages {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr/len is our mapping (or an empty slice).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for FreshPages {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr/len is our mapping (or an empty slice), borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for FreshPages {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps the mapping made in new(), once.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+}
+
 /// A buffer of `n` bytes whose pages are all faulted in (written once).
 pub(crate) fn warm_buffer(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -178,9 +238,9 @@ pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) 
                 warm.copy_from_slice(&src);
                 std::hint::black_box(&warm);
             } else {
-                let mut dst = Vec::<u8>::with_capacity(bytes);
-                dst.extend_from_slice(&src);
-                std::hint::black_box(&dst);
+                let mut dst = FreshPages::new(bytes)?;
+                dst.copy_from_slice(&src);
+                std::hint::black_box(&dst[..]);
             }
             total += t.elapsed();
         }
@@ -193,8 +253,8 @@ pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) 
         let mut ack = [0u8; 1];
         let mut warm = if recv == Receive::Warm { warm_buffer(bytes) } else { Vec::new() };
         for _ in 0..reps {
-            let mut fresh = if recv == Receive::Fresh { vec![0u8; bytes] } else { Vec::new() };
-            let dst = if recv == Receive::Warm { &mut warm } else { &mut fresh };
+            let mut fresh = FreshPages::new(if recv == Receive::Fresh { bytes } else { 0 })?;
+            let dst: &mut [u8] = if recv == Receive::Warm { &mut warm } else { &mut fresh };
             let mut got = 0;
             let t = Instant::now();
             while got < bytes {

@@ -152,7 +152,7 @@ pub(crate) fn transfers(
                 let mut warm = if recv == Receive::Warm { warm_buffer(largest) } else { Vec::new() };
                 for bytes in server_sizes {
                     let (mut tx, mut rx) = conn.accept_bi().await.map_err(io)?;
-                    let mut fresh = if recv == Receive::Fresh { vec![0u8; bytes] } else { Vec::new() };
+                    let mut fresh = super::FreshPages::new(if recv == Receive::Fresh { bytes } else { 0 })?;
                     let dst = if recv == Receive::Warm { &mut warm[..bytes] } else { &mut fresh[..] };
                     let mut got = 0;
                     while got < bytes {
