@@ -215,19 +215,37 @@ pub(crate) fn spin_again<T>(cx: &mut Context<'_>) -> Poll<T> {
     Poll::Pending
 }
 
+/// A waker that counts its wakes, for the tests of spinning here and in
+/// the mux.
+#[cfg(test)]
+pub(crate) struct WakeCount(std::sync::atomic::AtomicUsize);
+
+#[cfg(test)]
+impl WakeCount {
+    pub(crate) fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self(std::sync::atomic::AtomicUsize::new(0)))
+    }
+
+    pub(crate) fn waker(self: &std::sync::Arc<Self>) -> Waker {
+        Waker::from(self.clone())
+    }
+
+    /// Wakes so far.
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+impl std::task::Wake for WakeCount {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     #[test]
     fn spins_after_moves_then_stops_after_the_spin() {
@@ -280,11 +298,11 @@ mod tests {
     #[test]
     fn reading_clears_the_sleeper_so_a_write_wakes_nobody() {
         let a = Activity::new(Duration::from_micros(50));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        a.sleep(&Waker::from(count.clone()));
+        let count = WakeCount::new();
+        a.sleep(&count.waker());
         a.read();
         a.wrote();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "a reader that read is awake: nothing to wake");
+        assert_eq!(count.get(), 0, "a reader that read is awake: nothing to wake");
     }
 
     #[test]
@@ -293,22 +311,22 @@ mod tests {
         let mut s = Spin::new();
         a.read();
         assert!(!s.spinning(&a));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        a.sleep(&Waker::from(count.clone()));
+        let count = WakeCount::new();
+        a.sleep(&count.waker());
         a.wrote();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.get(), 0);
     }
 
     #[test]
     fn a_write_wakes_a_sleeping_reader_once() {
         let a = Activity::new(Duration::from_micros(50));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        a.sleep(&Waker::from(count.clone()));
+        let count = WakeCount::new();
+        a.sleep(&count.waker());
         a.wrote();
         a.wrote();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "one wake per sleep");
-        a.sleep(&Waker::from(count.clone()));
+        assert_eq!(count.get(), 1, "one wake per sleep");
+        a.sleep(&count.waker());
         a.wrote();
-        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(count.get(), 2);
     }
 }

@@ -113,16 +113,9 @@ impl<W: MuxWrite> MuxWrite for SpinWrite<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::{Wake, Waker};
+    use crate::spin::WakeCount;
+    use std::task::Waker;
     use std::time::Duration;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     /// A write half that takes everything at once.
     struct Sink;
@@ -158,12 +151,12 @@ mod tests {
 
     /// Polls an idle reader until it stops spinning (outside a runtime a
     /// spinning poll wakes its task at once) and goes to sleep.
-    fn until_asleep(rd: &mut SpinRead<tokio::io::DuplexStream>, count: &Arc<Count>) {
-        let waker = Waker::from(count.clone());
+    fn until_asleep(rd: &mut SpinRead<tokio::io::DuplexStream>, count: &Arc<WakeCount>) {
+        let waker = count.waker();
         for _ in 0..100_000 {
-            let before = count.0.load(Ordering::SeqCst);
+            let before = count.get();
             assert!(poll(rd, &waker).is_pending(), "nothing to read");
-            if count.0.load(Ordering::SeqCst) == before {
+            if count.get() == before {
                 return;
             }
             std::thread::sleep(Duration::from_micros(20));
@@ -175,26 +168,26 @@ mod tests {
     fn a_write_wakes_a_sleeping_reader_once_and_reads_keep_it_spinning() {
         let (a, mut b) = tokio::io::duplex(64);
         let (mut rd, wr) = halves(a, Sink, Activity::new(Duration::from_micros(200)));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = WakeCount::new();
         until_asleep(&mut rd, &count);
-        let woken = count.0.load(Ordering::SeqCst);
+        let woken = count.get();
         wr.try_write_now(&[IoSlice::new(b"request")]).unwrap();
-        assert_eq!(count.0.load(Ordering::SeqCst), woken + 1, "the write woke the sleeping reader");
+        assert_eq!(count.get(), woken + 1, "the write woke the sleeping reader");
         wr.try_write_now(&[IoSlice::new(b"more")]).unwrap();
-        assert_eq!(count.0.load(Ordering::SeqCst), woken + 1, "one wake per sleep");
+        assert_eq!(count.get(), woken + 1, "one wake per sleep");
         // Woken, it spins for the answer, and reads it.
-        let waker = Waker::from(count.clone());
+        let waker = count.waker();
         assert!(poll(&mut rd, &waker).is_pending());
-        assert!(count.0.load(Ordering::SeqCst) > woken + 1, "woken by a write, the reader spins");
+        assert!(count.get() > woken + 1, "woken by a write, the reader spins");
         tokio_test_write(&mut b, b"reply");
         assert_eq!(poll(&mut rd, &waker), Poll::Ready(5));
         // Writes alone after that quiet spell: the reader sleeps, and a
         // further write in the same spell wakes it once but it sleeps on.
         until_asleep(&mut rd, &count);
         drop(b);
-        let before = count.0.load(Ordering::SeqCst);
+        let before = count.get();
         assert_eq!(poll(&mut rd, &waker), Poll::Ready(0), "end of stream: ready, no spin");
-        assert_eq!(count.0.load(Ordering::SeqCst), before);
+        assert_eq!(count.get(), before);
     }
 
     /// Writes `data` into the duplex end without a runtime.
@@ -211,12 +204,12 @@ mod tests {
     fn zero_spin_is_a_pass_through() {
         let (a, mut b) = tokio::io::duplex(64);
         let (mut rd, wr) = halves(a, Sink, Activity::new(Duration::ZERO));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let count = WakeCount::new();
+        let waker = count.waker();
         assert!(poll(&mut rd, &waker).is_pending());
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "no spin: pending without waking itself");
+        assert_eq!(count.get(), 0, "no spin: pending without waking itself");
         wr.try_write_now(&[IoSlice::new(b"x")]).unwrap();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "no spin: a write wakes nobody");
+        assert_eq!(count.get(), 0, "no spin: a write wakes nobody");
         tokio_test_write(&mut b, b"abc");
         assert_eq!(poll(&mut rd, &waker), Poll::Ready(3));
     }

@@ -148,20 +148,46 @@ impl Duplex for UnixStream {
     }
 }
 
-/// Reads (`read`) or writes all of `buf`, retrying at once while the
-/// non-blocking socket would block: a busy-polling side.
-fn spin_all(buf: &mut [u8], mut op: impl FnMut(&mut [u8]) -> std::io::Result<usize>) -> std::io::Result<()> {
-    let mut at = 0;
-    while at < buf.len() {
-        match op(&mut buf[at..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+/// A socket made non-blocking and polled busily: each read or write is
+/// retried at once while it would block, so the thread never sleeps.
+struct BusyPoll(Box<dyn Duplex>);
+
+impl BusyPoll {
+    fn new(s: Box<dyn Duplex>) -> std::io::Result<Self> {
+        s.nonblocking()?;
+        Ok(Self(s))
+    }
+
+    fn retry<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+        loop {
+            match op() {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                r => return r,
+            }
         }
     }
-    Ok(())
+}
+
+impl Read for BusyPoll {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        Self::retry(|| self.0.read(buf))
+    }
+}
+
+impl Write for BusyPoll {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Self::retry(|| self.0.write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Self::retry(|| self.0.flush())
+    }
+}
+
+impl Duplex for BusyPoll {
+    fn nonblocking(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Removes a socket file when dropped.
@@ -294,36 +320,24 @@ pub fn raw_round_trips(kind: RawSocket, size: usize, reps: usize, spin: bool) ->
     if kind == RawSocket::Quic {
         return raw_quic::round_trips(&tensorwire::TransportConfig::default(), size, reps);
     }
-    let (mut a, mut b, _dir) = pair(kind)?;
-    if spin {
-        a.nonblocking()?;
-        b.nonblocking()?;
-    }
+    let (a, b, _dir) = pair(kind)?;
+    let (mut a, mut b): (Box<dyn Duplex>, Box<dyn Duplex>) =
+        if spin { (Box::new(BusyPoll::new(a)?), Box::new(BusyPoll::new(b)?)) } else { (a, b) };
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = vec![0u8; size];
         for _ in 0..reps {
-            if spin {
-                spin_all(&mut buf, |m| b.read(m))?;
-                spin_all(&mut buf, |m| b.write(m))?;
-            } else {
-                b.read_exact(&mut buf)?;
-                b.write_all(&buf)?;
-            }
+            b.read_exact(&mut buf)?;
+            b.write_all(&buf)?;
         }
         Ok(())
     });
-    let mut msg = vec![1u8; size];
+    let msg = vec![1u8; size];
     let mut back = vec![0u8; size];
     let mut h = Histogram::default();
     for _ in 0..reps {
         let t = Instant::now();
-        if spin {
-            spin_all(&mut msg, |m| a.write(m))?;
-            spin_all(&mut back, |m| a.read(m))?;
-        } else {
-            a.write_all(&msg)?;
-            a.read_exact(&mut back)?;
-        }
+        a.write_all(&msg)?;
+        a.read_exact(&mut back)?;
         h.record(t.elapsed());
     }
     echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
