@@ -1,19 +1,15 @@
 //! `tensorwire`: serve, send, fetch, ls, rm, call, info, health and bench.
 
+mod alloc;
 mod bench;
 mod files;
 mod harness;
 mod store;
 mod wan;
 
-/// The program's allocator: a call allocates and frees dozens of small
-/// objects (stream state, frame buffers, a 4 KiB tensor) on two threads;
-/// mimalloc's per-thread free lists serve them in a fraction of glibc
-/// malloc's time (64 calls in flight over shm: ~15–25% more calls per
-/// second in A/B runs of `tensorwire bench`). The library itself leaves the
-/// allocator to the program that links it.
+/// The program's allocator: mimalloc ([`alloc::Allocator`]).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::Allocator = alloc::Allocator;
 
 use std::path::PathBuf;
 use std::sync::Arc;

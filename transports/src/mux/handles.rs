@@ -25,9 +25,13 @@ pub(crate) struct MuxSend {
 }
 
 impl MuxSend {
-    fn check_frame(&self, frame: &Frame) -> Result<u64, StreamError> {
+    /// Checks `frame` against the peer's limits and makes it a DATA item
+    /// (for stream `id`, 0 until assigned); its flow-control cost is the
+    /// item's header and payload length.
+    fn check_frame(&self, frame: Frame, fin: bool) -> Result<(Out, u64), StreamError> {
         let sh = &self.shared;
-        let cost = frame.header.encoded_len() as u64 + frame.payload.len() as u64;
+        let meta_len = frame.header.encoded_len();
+        let cost = meta_len as u64 + frame.payload.len() as u64;
         if frame.payload.len() as u64 > u64::from(sh.peer_max_payload) {
             return Err(StreamError::LimitExceeded {
                 peer: sh.peer.clone(),
@@ -44,7 +48,9 @@ impl MuxSend {
                 limit: sh.peer_window.into(),
             });
         }
-        Ok(cost)
+        let out =
+            Out::Data { id: 0, header: Some(frame.header), meta_len: meta_len as u32, payload: frame.payload, fin };
+        Ok((out, cost))
     }
 
     /// Waits for `cost` bytes of credit and takes them; with `fin`, also
@@ -71,9 +77,17 @@ impl MuxSend {
     }
 
     async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
-        let cost = self.check_frame(&frame)?;
+        let (out, cost) = self.check_frame(frame, fin)?;
+        self.send_out(out, cost, fin).await
+    }
+
+    /// Sends one checked DATA item once its `cost` in credit is there.
+    async fn send_out(&mut self, mut out: Out, cost: u64, fin: bool) -> Result<(), StreamError> {
         self.acquire(cost, fin).await?;
-        self.enqueue(|id| [Out::Data { id, header: Some(frame.header), payload: frame.payload, fin }])
+        self.enqueue(|id| {
+            out.set_stream(id);
+            [out]
+        })
     }
 
     /// Hands frames to the writer. A locally opened stream's first frame
@@ -125,28 +139,31 @@ impl SendStream for MuxSend {
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
-        let mut cost = 0;
-        for f in &frames {
-            cost += self.check_frame(f)?;
-        }
         if frames.is_empty() {
             return if fin { self.finish().await } else { Ok(()) };
         }
         let n = frames.len();
+        let mut cost = 0;
+        let mut outs = Vec::with_capacity(n);
+        for (i, f) in frames.into_iter().enumerate() {
+            let (out, c) = self.check_frame(f, fin && i + 1 == n)?;
+            outs.push(out);
+            cost += c;
+        }
         if cost > u64::from(self.shared.peer_window) {
             // More than the peer's window at once: send them one by one.
-            for (i, f) in frames.into_iter().enumerate() {
-                self.send_inner(f, fin && i + 1 == n).await?;
+            for (i, out) in outs.into_iter().enumerate() {
+                let c = out.cost();
+                self.send_out(out, c, fin && i + 1 == n).await?;
             }
             return Ok(());
         }
         self.acquire(cost, fin).await?;
         self.enqueue(|id| {
-            frames
-                .into_iter()
-                .enumerate()
-                .map(|(i, f)| Out::Data { id, header: Some(f.header), payload: f.payload, fin: fin && i + 1 == n })
-                .collect::<Vec<_>>()
+            for out in &mut outs {
+                out.set_stream(id);
+            }
+            outs
         })
     }
 
@@ -154,7 +171,7 @@ impl SendStream for MuxSend {
         // Finishing twice, or after the peer stopped reading, has nothing left to do.
         let send_fin = lock(&self.stream.inner).state.finish();
         if send_fin {
-            self.enqueue(|id| [Out::Data { id, header: None, payload: Bytes::new(), fin: true }])?;
+            self.enqueue(|id| [Out::data(id, None, Bytes::new(), true)])?;
         }
         Ok(())
     }

@@ -152,6 +152,10 @@ pub(crate) enum Out {
     Data {
         id: u32,
         header: Option<FrameHeader>,
+        /// `header`'s encoded length, computed once by whoever made the
+        /// item (it is also the frame's flow-control cost): prost computes
+        /// nested lengths again as it encodes, so each pass is not cheap.
+        meta_len: u32,
         payload: Bytes,
         fin: bool,
     },
@@ -179,10 +183,31 @@ pub(crate) enum Out {
 }
 
 impl Out {
+    /// A DATA item: `header`'s length is computed here, once.
+    pub(crate) fn data(id: u32, header: Option<FrameHeader>, payload: Bytes, fin: bool) -> Out {
+        let meta_len = header.as_ref().map_or(0, Message::encoded_len) as u32;
+        Out::Data { id, header, meta_len, payload, fin }
+    }
+
+    /// Sets a DATA item's stream (assigned when its first frame leaves).
+    pub(crate) fn set_stream(&mut self, stream: u32) {
+        if let Out::Data { id, .. } = self {
+            *id = stream;
+        }
+    }
+
+    /// A DATA item's flow-control cost: its header and payload bytes.
+    pub(crate) fn cost(&self) -> u64 {
+        match self {
+            Out::Data { meta_len, payload, .. } => u64::from(*meta_len) + payload.len() as u64,
+            _ => 0,
+        }
+    }
+
     fn direct_size(&self) -> Option<usize> {
         match self {
-            Out::Data { header, payload, .. } if payload.len() <= INLINE_PAYLOAD => {
-                Some(HEAD_LEN + header.as_ref().map_or(0, Message::encoded_len) + payload.len())
+            Out::Data { meta_len, payload, .. } if payload.len() <= INLINE_PAYLOAD => {
+                Some(HEAD_LEN + *meta_len as usize + payload.len())
             }
             Out::Window { .. } | Out::Reset { .. } | Out::Stop { .. } | Out::Pong(_) | Out::Ping(_) => Some(HEAD_LEN),
             _ => None,
@@ -195,19 +220,21 @@ impl Out {
     fn encode(self, scratch: &mut BytesMut, inline: usize) -> (Option<Bytes>, bool) {
         let head = |stream, kind, meta_len, value| Head { stream, kind, flags: 0, meta_len, value };
         match self {
-            Out::Data { id, header, payload, fin } => {
-                let meta_len = header.as_ref().map_or(0, Message::encoded_len);
+            Out::Data { id, header, meta_len, payload, fin } => {
                 Head {
                     stream: id,
                     kind: Kind::Data,
                     flags: if fin { FLAG_FIN } else { 0 },
-                    meta_len: meta_len as u32,
+                    meta_len,
                     value: payload.len() as u32,
                 }
                 .encode(scratch);
                 if let Some(h) = header {
-                    scratch.reserve(meta_len);
-                    h.encode(&mut Bytewise(scratch)).expect("BytesMut grows");
+                    scratch.reserve(meta_len as usize);
+                    let before = scratch.len();
+                    // `encode_raw`: `encode` would compute the length once more to check room.
+                    h.encode_raw(&mut Bytewise(scratch));
+                    debug_assert_eq!(scratch.len() - before, meta_len as usize, "meta_len is the header's length");
                 }
                 if payload.len() <= inline {
                     scratch.put_slice(&payload);
@@ -536,12 +563,7 @@ mod tests {
             .map(|i| {
                 let header =
                     FrameHeader { kind: Some(HeaderKind::Chunk(Chunk { tensor_id: i as u64, ..Default::default() })) };
-                Out::Data {
-                    id: 1 + 2 * i as u32,
-                    header: Some(header),
-                    payload: Bytes::from(vec![i as u8 + 1; 100 * i]),
-                    fin: i % 2 == 0,
-                }
+                Out::data(1 + 2 * i as u32, Some(header), Bytes::from(vec![i as u8 + 1; 100 * i]), i % 2 == 0)
             })
             .collect()
     }
