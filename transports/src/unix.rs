@@ -85,7 +85,7 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
     if wants_shm(endpoint, config) {
         let ring_bytes = if endpoint.query("ring") == Some("0") { 0 } else { config.shm.ring_bytes };
         let offer = crate::shm::offer(&s, ring_bytes).await.map_err(io)?;
-        let c: Arc<dyn Connection> = match offer.ring {
+        let c = match offer.ring {
             Some(parts) => {
                 let (rd, wr) =
                     crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, config.spin).map_err(io)?;

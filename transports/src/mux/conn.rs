@@ -25,7 +25,7 @@ pub use super::state::Role;
 /// A multiplexed connection over a byte stream.
 pub struct MuxConnection {
     shared: Arc<Shared>,
-    accept_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Incoming>>,
+    accept_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<(MuxSend, MuxRecv)>>,
 }
 
 impl std::fmt::Debug for MuxConnection {
@@ -122,7 +122,6 @@ where
         frames_heard: AtomicU64::new(0),
         state: Mutex::new(ConnState { streams: Streams::new(role, config.max_concurrent_streams), error: None }),
         writer,
-        accept_tx,
         closed: AtomicBool::new(false),
         closed_notify: Notify::new(),
         buffered: AtomicU64::new(0),
@@ -134,7 +133,7 @@ where
             sh.fail(StreamError::io(&sh.peer, &e));
         }
     });
-    tokio::spawn(super::reader::run(shared.clone(), rd));
+    tokio::spawn(super::reader::run(shared.clone(), rd, accept_tx));
     if let Some(interval) = config.keepalive_interval {
         tokio::spawn(keep(Arc::downgrade(&shared), interval, config.idle_timeout));
     }
@@ -193,19 +192,22 @@ impl Drop for MuxConnection {
     }
 }
 
-#[async_trait]
-impl Connection for MuxConnection {
-    async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+impl MuxConnection {
+    /// Opens a stream: its two halves as they are (a wrapper such as the
+    /// shared-memory connection keeps them unboxed, so its calls into them
+    /// make no boxed futures).
+    pub(crate) fn open_halves(&self) -> Result<(MuxSend, MuxRecv), StreamError> {
         let sh = &self.shared;
         if let Some(e) = &lock(&sh.state).error {
             return Err(e.clone());
         }
         // The id is assigned when the first frame is sent (see `MuxSend::enqueue`).
         let s = sh.new_stream(0);
-        Ok((Box::new(MuxSend { shared: sh.clone(), stream: s.clone() }), Box::new(MuxRecv::new(sh.clone(), s))))
+        Ok((MuxSend { shared: sh.clone(), stream: s.clone() }, MuxRecv::new(sh.clone(), s)))
     }
 
-    async fn accept(&self) -> Result<Incoming, StreamError> {
+    /// The next stream the peer opened, as its two halves.
+    pub(crate) async fn accept_halves(&self) -> Result<(MuxSend, MuxRecv), StreamError> {
         let mut rx = self.accept_rx.lock().await;
         tokio::select! {
             // Streams that arrived before a close are still handed out; their
@@ -214,6 +216,19 @@ impl Connection for MuxConnection {
             inc = rx.recv() => inc.ok_or_else(|| self.shared.error()),
             _ = self.shared.wait_closed() => Err(self.shared.error()),
         }
+    }
+}
+
+#[async_trait]
+impl Connection for MuxConnection {
+    async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+        let (tx, rx) = self.open_halves()?;
+        Ok((Box::new(tx), Box::new(rx)))
+    }
+
+    async fn accept(&self) -> Result<Incoming, StreamError> {
+        let (send, recv) = self.accept_halves().await?;
+        Ok(Incoming { kind: None, send: Box::new(send), recv: Box::new(recv) })
     }
 
     fn info(&self) -> ConnectionInfo {

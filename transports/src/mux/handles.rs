@@ -76,7 +76,9 @@ impl MuxSend {
         }
     }
 
-    async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
+    /// [`SendStream::send`] or, with `fin`, [`SendStream::send_last`],
+    /// callable without a boxed future.
+    pub(crate) async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
         let (out, cost) = self.check_frame(frame, fin)?;
         self.send_out(out, cost, fin).await
     }
@@ -88,6 +90,46 @@ impl MuxSend {
             out.set_stream(id);
             [out]
         })
+    }
+
+    /// [`SendStream::send_batch`], callable without a boxed future.
+    pub(crate) async fn send_frames(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        if frames.is_empty() {
+            return if fin { self.finish_now() } else { Ok(()) };
+        }
+        let n = frames.len();
+        let mut cost = 0;
+        let mut outs = Vec::with_capacity(n);
+        for (i, f) in frames.into_iter().enumerate() {
+            let (out, c) = self.check_frame(f, fin && i + 1 == n)?;
+            outs.push(out);
+            cost += c;
+        }
+        if cost > u64::from(self.shared.peer_window) {
+            // More than the peer's window at once: send them one by one.
+            for (i, out) in outs.into_iter().enumerate() {
+                let c = out.cost();
+                self.send_out(out, c, fin && i + 1 == n).await?;
+            }
+            return Ok(());
+        }
+        self.acquire(cost, fin).await?;
+        self.enqueue(|id| {
+            for out in &mut outs {
+                out.set_stream(id);
+            }
+            outs
+        })
+    }
+
+    /// [`SendStream::finish`] (it never waits).
+    pub(crate) fn finish_now(&mut self) -> Result<(), StreamError> {
+        // Finishing twice, or after the peer stopped reading, has nothing left to do.
+        let send_fin = lock(&self.stream.inner).state.finish();
+        if send_fin {
+            self.enqueue(|id| [Out::data(id, None, Bytes::new(), true)])?;
+        }
+        Ok(())
     }
 
     /// Hands frames to the writer. A locally opened stream's first frame
@@ -139,41 +181,11 @@ impl SendStream for MuxSend {
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
-        if frames.is_empty() {
-            return if fin { self.finish().await } else { Ok(()) };
-        }
-        let n = frames.len();
-        let mut cost = 0;
-        let mut outs = Vec::with_capacity(n);
-        for (i, f) in frames.into_iter().enumerate() {
-            let (out, c) = self.check_frame(f, fin && i + 1 == n)?;
-            outs.push(out);
-            cost += c;
-        }
-        if cost > u64::from(self.shared.peer_window) {
-            // More than the peer's window at once: send them one by one.
-            for (i, out) in outs.into_iter().enumerate() {
-                let c = out.cost();
-                self.send_out(out, c, fin && i + 1 == n).await?;
-            }
-            return Ok(());
-        }
-        self.acquire(cost, fin).await?;
-        self.enqueue(|id| {
-            for out in &mut outs {
-                out.set_stream(id);
-            }
-            outs
-        })
+        self.send_frames(frames, fin).await
     }
 
     async fn finish(&mut self) -> Result<(), StreamError> {
-        // Finishing twice, or after the peer stopped reading, has nothing left to do.
-        let send_fin = lock(&self.stream.inner).state.finish();
-        if send_fin {
-            self.enqueue(|id| [Out::data(id, None, Bytes::new(), true)])?;
-        }
-        Ok(())
+        self.finish_now()
     }
 
     fn reset(&mut self, code: u32) {
@@ -210,6 +222,15 @@ pub(crate) struct MuxRecv {
 impl MuxRecv {
     pub(crate) fn new(shared: Arc<Shared>, stream: Arc<StreamShared>) -> Self {
         Self { shared, stream, done: false }
+    }
+
+    /// [`RecvStream::recv`], callable without a boxed future.
+    pub(crate) async fn recv_next(&mut self) -> Result<Option<Received>, StreamError> {
+        if let Some(r) = self.settled() {
+            return r;
+        }
+        let event = self.next_event().await;
+        self.on_event(event)
     }
 
     /// The next event the reader queued for this stream (cancel-safe:
@@ -276,11 +297,7 @@ impl MuxRecv {
 #[async_trait]
 impl RecvStream for MuxRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
-        if let Some(r) = self.settled() {
-            return r;
-        }
-        let event = self.next_event().await;
-        self.on_event(event)
+        self.recv_next().await
     }
 
     fn try_recv(&mut self) -> Option<Result<Option<Received>, StreamError>> {

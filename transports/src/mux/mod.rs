@@ -38,5 +38,6 @@ pub mod state;
 mod writer;
 
 pub use conn::{EstablishError, MuxConnection, SocketInfo, establish};
+pub(crate) use handles::{MuxRecv, MuxSend};
 pub use state::Role;
 pub use writer::{MuxWrite, QueuedWrite};

@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
 
 use super::frame::{Decoder, FrameStart, HEAD_LEN, Head, Kind, code};
 use super::handles::{MuxRecv, MuxSend};
@@ -27,7 +28,7 @@ use super::shared::{Event, Shared, StreamShared};
 use super::state::{Admit, Route, Violation, goaway_reason};
 use super::writer::Out;
 use crate::sync::lock;
-use crate::{FrameHeader, Incoming, Payload, Received, StreamError};
+use crate::{FrameHeader, Payload, Received, StreamError};
 
 /// Read buffer size: many small frames per read; payloads above this are
 /// read into their own allocation, past the buffer.
@@ -37,9 +38,9 @@ const READ_BUF: usize = 64 << 10;
 /// what the peer still sends, waiting for the peer to close its side.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
-pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R) {
+pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R, accept: Accepted) {
     let result = tokio::select! {
-        r = read_frames(&shared, &mut rd) => r,
+        r = read_frames(&shared, &mut rd, accept) => r,
         _ = shared.wait_closed() => {
             drain(&mut rd).await;
             return;
@@ -79,16 +80,20 @@ async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
     .await;
 }
 
+/// Where the reader hands the streams the peer opens, for `accept`.
+pub(crate) type Accepted = mpsc::UnboundedSender<(MuxSend, MuxRecv)>;
+
 /// The socket, its read buffer and the decoder cutting frames out of it.
 struct Reader<'a, R> {
     shared: &'a Arc<Shared>,
     rd: R,
     buf: BytesMut,
     dec: Decoder,
+    accept: Accepted,
 }
 
-async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R) -> Result<(), StreamError> {
-    let mut r = Reader { shared, rd, buf: BytesMut::with_capacity(READ_BUF), dec: Decoder::new(shared.limits) };
+async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: Accepted) -> Result<(), StreamError> {
+    let mut r = Reader { shared, rd, buf: BytesMut::with_capacity(READ_BUF), dec: Decoder::new(shared.limits), accept };
     while let Some(FrameStart { head, meta }) = r.next_head().await? {
         match head.kind {
             Kind::Data => r.on_data(head, meta).await?,
@@ -227,12 +232,9 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
             Route::Opened(s) => {
                 shared.count_streams(&st);
                 drop(st);
-                let incoming = Incoming {
-                    kind: None,
-                    send: Box::new(MuxSend { shared: shared.clone(), stream: s.clone() }),
-                    recv: Box::new(MuxRecv::new(shared.clone(), s.clone())),
-                };
-                Ok(shared.accept_tx.send(incoming).is_ok().then_some(s))
+                let incoming =
+                    (MuxSend { shared: shared.clone(), stream: s.clone() }, MuxRecv::new(shared.clone(), s.clone()));
+                Ok(self.accept.send(incoming).is_ok().then_some(s))
             }
         }
     }

@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use super::frame::{self, code};
 use super::state::{StreamState, Streams};
 use super::writer::{Out, Writer};
 use crate::sync::lock;
-use crate::{Incoming, Placement, Received, StreamError};
+use crate::{Placement, Received, StreamError};
 
 /// What the reader hands a stream's receiving handle.
 #[allow(clippy::large_enum_variant)]
@@ -128,7 +128,6 @@ pub(crate) struct Shared {
     pub(crate) frames_heard: AtomicU64,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) writer: Writer,
-    pub(crate) accept_tx: mpsc::UnboundedSender<Incoming>,
     pub(crate) closed: AtomicBool,
     pub(crate) closed_notify: Notify,
     /// Bytes of delivered, unconsumed frames.

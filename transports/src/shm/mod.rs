@@ -84,6 +84,7 @@ use self::segment::{
     MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fds, send_with_fds, seqpacket_pair,
 };
 use crate::config::ShmConfig;
+use crate::mux::{MuxConnection, MuxRecv, MuxSend};
 use crate::sync::{lock, spawn_bounded};
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
@@ -461,7 +462,7 @@ impl Shared {
 
 /// A mux connection whose large payloads travel in shared memory.
 pub(crate) struct ShmConnection {
-    inner: Arc<dyn Connection>,
+    inner: Arc<MuxConnection>,
     shared: Arc<Shared>,
     reader: JoinHandle<()>,
     transport: &'static str,
@@ -475,7 +476,7 @@ impl Drop for ShmConnection {
 
 /// Wraps an established mux connection with its side channel.
 pub(crate) fn wrap(
-    inner: Arc<dyn Connection>,
+    inner: Arc<MuxConnection>,
     side: OwnedFd,
     cfg: &ShmConfig,
     transport: &'static str,
@@ -495,8 +496,8 @@ pub(crate) fn wrap(
 
 #[async_trait]
 impl Connection for ShmConnection {
-    async fn open(&self, kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
-        let (tx, rx) = self.inner.open(kind).await?;
+    async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
+        let (tx, rx) = self.inner.open_halves()?;
         Ok((
             Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None }),
             Box::new(ShmRecv::new(rx, self.shared.clone())),
@@ -504,11 +505,11 @@ impl Connection for ShmConnection {
     }
 
     async fn accept(&self) -> Result<Incoming, StreamError> {
-        let inc = self.inner.accept().await?;
+        let (send, recv) = self.inner.accept_halves().await?;
         Ok(Incoming {
-            kind: inc.kind,
-            send: Box::new(ShmSend { inner: inc.send, shared: self.shared.clone(), pending: None }),
-            recv: Box::new(ShmRecv::new(inc.recv, self.shared.clone())),
+            kind: None,
+            send: Box::new(ShmSend { inner: send, shared: self.shared.clone(), pending: None }),
+            recv: Box::new(ShmRecv::new(recv, self.shared.clone())),
         })
     }
 
@@ -554,7 +555,8 @@ struct Filling {
 }
 
 struct ShmSend {
-    inner: Box<dyn SendStream>,
+    /// The mux stream itself, not boxed: calls into it make no boxed futures.
+    inner: MuxSend,
     shared: Arc<Shared>,
     pending: Option<Filling>,
 }
@@ -675,14 +677,14 @@ impl SendStream for ShmSend {
         let frames = self.convert(frame).await?;
         match frames.len() {
             0 => Ok(()),
-            1 => self.inner.send(frames.into_iter().next().unwrap_or_default()).await,
-            _ => self.inner.send_batch(frames, false).await,
+            1 => self.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
+            _ => self.inner.send_frames(frames, false).await,
         }
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
         if self.passes_through(&frames) {
-            return self.inner.send_batch(frames, fin).await;
+            return self.inner.send_frames(frames, fin).await;
         }
         let mut out = Vec::with_capacity(frames.len());
         for f in frames {
@@ -692,14 +694,14 @@ impl SendStream for ShmSend {
             out.extend(self.fall_back()?);
         }
         if out.is_empty() {
-            return if fin { self.inner.finish().await } else { Ok(()) };
+            return if fin { self.inner.finish_now() } else { Ok(()) };
         }
-        self.inner.send_batch(out, fin).await
+        self.inner.send_frames(out, fin).await
     }
 
     async fn finish(&mut self) -> Result<(), StreamError> {
         let held = self.fall_back()?;
-        if held.is_empty() { self.inner.finish().await } else { self.inner.send_batch(held, true).await }
+        if held.is_empty() { self.inner.finish_now() } else { self.inner.send_frames(held, true).await }
     }
 
     fn reset(&mut self, code: u32) {
@@ -740,14 +742,15 @@ pub(crate) fn segment_claim(c: &v1::Chunk, payload_len: usize) -> Result<Option<
 }
 
 struct ShmRecv {
-    inner: Box<dyn RecvStream>,
+    /// The mux stream itself, not boxed (as [`ShmSend`]'s).
+    inner: MuxRecv,
     shared: Arc<Shared>,
     /// A frame `try_recv` took that names a segment: `recv` maps it.
     waiting: Option<Received>,
 }
 
 impl ShmRecv {
-    fn new(inner: Box<dyn RecvStream>, shared: Arc<Shared>) -> Self {
+    fn new(inner: MuxRecv, shared: Arc<Shared>) -> Self {
         Self { inner, shared, waiting: None }
     }
 
@@ -765,7 +768,7 @@ impl RecvStream for ShmRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
         let mut r = match self.waiting.take() {
             Some(r) => r,
-            None => match self.inner.recv().await? {
+            None => match self.inner.recv_next().await? {
                 Some(r) => r,
                 None => return Ok(None),
             },
