@@ -9,7 +9,8 @@
 //! program that links it.
 //!
 //! `mimalloc::MiMalloc` passes every request to `mi_malloc_aligned`, whose
-//! fast path covers only blocks up to 1 KiB: a larger one (a boxed future
+//! fast path (in mimalloc v3, the version `libmimalloc-sys` builds by
+//! default) covers only blocks up to 1 KiB: a larger one (a boxed future
 //! of a few KiB, made for every call) takes its generic path, which
 //! over-allocates by the alignment and aligns inside the block — about five
 //! times the instructions (callgrind, `tensorwire bench --calls`). Every
@@ -33,7 +34,9 @@ pub struct Allocator;
 // rounds sizes up to whole words and starts its pages aligned), used only
 // when the layout asks for no more; the rest to `MiMalloc`, whose blocks
 // `mi_free` and `mi_realloc_aligned` take as well. Null is returned on
-// failure, as `GlobalAlloc` requires.
+// failure, as `GlobalAlloc` requires. (mimalloc's guarded-page debug mode,
+// `MI_GUARDED` with the `debug` features, can place a block at a page's end,
+// unaligned: this crate does not enable those features.)
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

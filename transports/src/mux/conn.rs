@@ -213,7 +213,14 @@ impl MuxConnection {
             // Streams that arrived before a close are still handed out; their
             // reads report the connection's error.
             biased;
-            inc = rx.recv() => inc.ok_or_else(|| self.shared.error()),
+            inc = rx.recv() => match inc {
+                Some(halves) => Ok(halves),
+                // The reader ended: report the connection's reason, set by then.
+                None => {
+                    self.shared.wait_closed().await;
+                    Err(self.shared.error())
+                }
+            },
             _ = self.shared.wait_closed() => Err(self.shared.error()),
         }
     }

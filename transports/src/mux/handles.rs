@@ -26,8 +26,8 @@ pub(crate) struct MuxSend {
 
 impl MuxSend {
     /// Checks `frame` against the peer's limits and makes it a DATA item
-    /// (for stream `id`, 0 until assigned); its flow-control cost is the
-    /// item's header and payload length.
+    /// (its stream id is 0 until `Out::set_stream`); its flow-control cost
+    /// is the item's header and payload length.
     fn check_frame(&self, frame: Frame, fin: bool) -> Result<(Out, u64), StreamError> {
         let sh = &self.shared;
         let meta_len = frame.header.encoded_len();

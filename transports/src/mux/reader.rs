@@ -39,8 +39,11 @@ const READ_BUF: usize = 64 << 10;
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R, accept: Accepted) {
+    // `accept` lives until the connection has failed with its reason: a
+    // waiting `accept` that saw the channel end first would report a bare
+    // "closed" instead.
     let result = tokio::select! {
-        r = read_frames(&shared, &mut rd, accept) => r,
+        r = read_frames(&shared, &mut rd, &accept) => r,
         _ = shared.wait_closed() => {
             drain(&mut rd).await;
             return;
@@ -59,6 +62,7 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(shared: Arc<Shared>, mut rd: R, ac
         }
     };
     shared.fail(err);
+    drop(accept);
 }
 
 /// After a close on this side (a GOAWAY, then the writer's FIN after the
@@ -89,10 +93,10 @@ struct Reader<'a, R> {
     rd: R,
     buf: BytesMut,
     dec: Decoder,
-    accept: Accepted,
+    accept: &'a Accepted,
 }
 
-async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: Accepted) -> Result<(), StreamError> {
+async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: &Accepted) -> Result<(), StreamError> {
     let mut r = Reader { shared, rd, buf: BytesMut::with_capacity(READ_BUF), dec: Decoder::new(shared.limits), accept };
     while let Some(FrameStart { head, meta }) = r.next_head().await? {
         match head.kind {

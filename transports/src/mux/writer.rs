@@ -153,8 +153,9 @@ pub(crate) enum Out {
         id: u32,
         header: Option<FrameHeader>,
         /// `header`'s encoded length, computed once by whoever made the
-        /// item (it is also the frame's flow-control cost): prost computes
-        /// nested lengths again as it encodes, so each pass is not cheap.
+        /// item (it is also part of the frame's flow-control cost): prost
+        /// computes nested lengths again as it encodes, so each pass is not
+        /// cheap.
         meta_len: u32,
         payload: Bytes,
         fin: bool,
@@ -588,6 +589,33 @@ mod tests {
                 assert_eq!(flush.is_some(), limit < want.len(), "the writer task is woken only for leftovers");
             }
         }
+    }
+
+    #[test]
+    fn a_data_item_carries_its_header_length_and_encodes_the_header_as_prost_does() {
+        // The writer encodes with `encode_raw` and trusts `meta_len`: both
+        // must agree with prost's own `encode` and `encoded_len`.
+        let header = FrameHeader {
+            kind: Some(HeaderKind::Chunk(Chunk {
+                tensor_id: 7,
+                total_bytes: 1 << 33,
+                last: true,
+                info: Some(Box::new(TensorInfo { shape: vec![3, 1 << 20], name: "w".into(), ..Default::default() })),
+                ..Default::default()
+            })),
+        };
+        let mut want = BytesMut::new();
+        header.encode(&mut want).unwrap();
+        let o = Out::data(9, Some(header.clone()), Bytes::from_static(b"xyz"), true);
+        assert_eq!(o.cost(), want.len() as u64 + 3);
+        let mut got = BytesMut::new();
+        assert!(o.encode(&mut got, usize::MAX).0.is_none());
+        let limits = super::super::frame::FrameLimits { max_meta: 1 << 20, max_payload: 1 << 20 };
+        let head = Head::decode(got[..HEAD_LEN].try_into().unwrap(), &limits);
+        let head = head.unwrap();
+        assert_eq!((head.stream, head.flags, head.meta_len as usize, head.value), (9, FLAG_FIN, want.len(), 3));
+        assert_eq!(&got[HEAD_LEN..HEAD_LEN + want.len()], &want[..]);
+        assert_eq!(&got[HEAD_LEN + want.len()..], b"xyz");
     }
 
     #[test]
