@@ -313,8 +313,7 @@ impl Client {
         let mut w =
             FrameWriter::new(tx, self.encoding(opts), s.caps.clone(), s.info.max_frame_payload, Some(s.link.clone()))
                 .for_transport(s.info.transport);
-        let mut r =
-            FrameReader::new(rx, s.peer.clone(), cfg.limits.clone(), cfg.placement).with_pool(self.inner.pool.clone());
+        let mut r = FrameReader::pooled(rx, s.peer.clone(), cfg.limits.clone(), cfg.placement, self.inner.pool.clone());
         w.progress = cfg.progress.clone();
         w.defer_link = kind == StreamKind::Send;
         r.progress = cfg.progress.clone();

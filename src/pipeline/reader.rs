@@ -57,10 +57,35 @@ pub(crate) struct FrameReader {
 
 impl FrameReader {
     pub(crate) fn new(recv: Box<dyn RecvStream>, peer: Arc<str>, limits: Limits, placement: bool) -> Self {
+        let asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: limits.max_tensor_bytes }, None);
+        Self::with_assembly(recv, peer, limits, placement, asm)
+    }
+
+    /// A reader that takes large tensors' buffers from `pool` (reserved
+    /// from its budget; smaller ones are reserved from it too). Made in
+    /// place: a reader is ~0.5 KB, built for every call.
+    pub(crate) fn pooled(
+        recv: Box<dyn RecvStream>,
+        peer: Arc<str>,
+        limits: Limits,
+        placement: bool,
+        pool: RecvPool,
+    ) -> Self {
+        let asm = Assembly::with_pool(ReassemblyLimits { max_tensor_bytes: limits.max_tensor_bytes }, pool);
+        Self::with_assembly(recv, peer, limits, placement, asm)
+    }
+
+    fn with_assembly(
+        recv: Box<dyn RecvStream>,
+        peer: Arc<str>,
+        limits: Limits,
+        placement: bool,
+        asm: Assembly,
+    ) -> Self {
         Self {
             recv,
             peer,
-            asm: Assembly::new(ReassemblyLimits { max_tensor_bytes: limits.max_tensor_bytes }, None),
+            asm,
             limits,
             placement,
             tensors: 0,
@@ -76,13 +101,6 @@ impl FrameReader {
     #[allow(dead_code)]
     pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
         self.asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, Some(budget));
-        self
-    }
-
-    /// Takes large tensors' buffers from `pool` (reserved from its budget;
-    /// smaller ones are reserved from it too).
-    pub(crate) fn with_pool(mut self, pool: RecvPool) -> Self {
-        self.asm = Assembly::with_pool(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, pool);
         self
     }
 

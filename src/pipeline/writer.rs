@@ -128,6 +128,11 @@ impl FrameWriter {
         if frames.is_empty() {
             return if fin { Ok(self.send.finish().await?) } else { Ok(()) };
         }
+        // Most flushes need no wait: then no boxed future is made.
+        let frames = match self.send.try_send_batch(frames, fin) {
+            Ok(sent) => return Ok(sent?),
+            Err(frames) => frames,
+        };
         Ok(self.send.send_batch(frames, fin).await?)
     }
 

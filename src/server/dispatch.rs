@@ -28,8 +28,13 @@ use crate::util::sync::lock;
 pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
     let _active = inner.begin_call();
     let Incoming { kind, send, recv } = inc;
-    let reader = FrameReader::new(recv, sess.peer.clone(), inner.config.limits.clone(), inner.config.placement)
-        .with_pool(inner.pool.clone());
+    let reader = FrameReader::pooled(
+        recv,
+        sess.peer.clone(),
+        inner.config.limits.clone(),
+        inner.config.placement,
+        inner.pool.clone(),
+    );
     let mut writer = FrameWriter::new(
         send,
         inner.config.encoding.clone(),

@@ -483,6 +483,17 @@ pub trait SendStream: Send + 'static {
     }
     /// Ends this direction gracefully; the peer's `recv` returns `None`.
     async fn finish(&mut self) -> Result<(), StreamError>;
+    /// [`send_batch`](SendStream::send_batch) now, without waiting, when the
+    /// transport can (the flow-control credit is there and nothing else
+    /// needs a wait): `Ok` with the send's result. `Err` hands the frames
+    /// back untouched: await `send_batch` with them. A small call's frames
+    /// usually leave this way, sparing a boxed future per send (default:
+    /// hands them back).
+    #[allow(clippy::result_large_err)]
+    fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
+        let _ = fin;
+        Err(frames)
+    }
     /// Abandons this direction; the peer's `recv` fails with `code`.
     fn reset(&mut self, code: u32);
     /// The stream's id (for logs).

@@ -53,25 +53,36 @@ impl MuxSend {
         Ok((out, cost))
     }
 
+    /// Takes `cost` bytes of credit (with `fin`, also closes this
+    /// direction) if they are there: None when the caller must wait.
+    fn try_acquire(&self, cost: u64, fin: bool) -> Option<Result<(), StreamError>> {
+        let sh = &self.shared;
+        let s = &self.stream;
+        if sh.closed.load(Ordering::Acquire) {
+            return Some(Err(sh.error()));
+        }
+        let poll = lock(&s.inner).state.poll_send(cost, fin);
+        let stream = s.id().into();
+        match poll {
+            SendPoll::Ready => Some(Ok(())),
+            SendPoll::Finished => Some(Err(StreamError::Finished { peer: sh.peer.clone(), stream })),
+            SendPoll::Stopped(code) => Some(Err(StreamError::Stopped { peer: sh.peer.clone(), stream, code })),
+            SendPoll::Blocked => None,
+        }
+    }
+
     /// Waits for `cost` bytes of credit and takes them; with `fin`, also
     /// closes this direction.
     async fn acquire(&self, cost: u64, fin: bool) -> Result<(), StreamError> {
-        let sh = &self.shared;
-        let s = &self.stream;
         loop {
-            let notified = s.send_notify.notified();
+            // Registered before the credit is checked: a grant between the
+            // check and the wait still wakes this task.
+            let notified = self.stream.send_notify.notified();
             let mut notified = pin!(notified);
             notified.as_mut().enable();
-            if sh.closed.load(Ordering::Acquire) {
-                return Err(sh.error());
-            }
-            let poll = lock(&s.inner).state.poll_send(cost, fin);
-            let stream = s.id().into();
-            match poll {
-                SendPoll::Ready => return Ok(()),
-                SendPoll::Finished => return Err(StreamError::Finished { peer: sh.peer.clone(), stream }),
-                SendPoll::Stopped(code) => return Err(StreamError::Stopped { peer: sh.peer.clone(), stream, code }),
-                SendPoll::Blocked => notified.await,
+            match self.try_acquire(cost, fin) {
+                Some(r) => return r,
+                None => notified.await,
             }
         }
     }
@@ -92,11 +103,9 @@ impl MuxSend {
         })
     }
 
-    /// [`SendStream::send_batch`], callable without a boxed future.
-    pub(crate) async fn send_frames(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
-        if frames.is_empty() {
-            return if fin { self.finish_now() } else { Ok(()) };
-        }
+    /// Checks `frames` and makes them DATA items (the last with `fin`);
+    /// returns them and their total cost.
+    fn prepare(&self, frames: Vec<Frame>, fin: bool) -> Result<(Vec<Out>, u64), StreamError> {
         let n = frames.len();
         let mut cost = 0;
         let mut outs = Vec::with_capacity(n);
@@ -105,8 +114,28 @@ impl MuxSend {
             outs.push(out);
             cost += c;
         }
+        Ok((outs, cost))
+    }
+
+    /// Hands checked items whose credit was taken to the writer.
+    fn enqueue_all(&self, mut outs: Vec<Out>) -> Result<(), StreamError> {
+        self.enqueue(|id| {
+            for out in &mut outs {
+                out.set_stream(id);
+            }
+            outs
+        })
+    }
+
+    /// [`SendStream::send_batch`], callable without a boxed future.
+    pub(crate) async fn send_frames(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        if frames.is_empty() {
+            return if fin { self.finish_now() } else { Ok(()) };
+        }
+        let (outs, cost) = self.prepare(frames, fin)?;
         if cost > u64::from(self.shared.peer_window) {
             // More than the peer's window at once: send them one by one.
+            let n = outs.len();
             for (i, out) in outs.into_iter().enumerate() {
                 let c = out.cost();
                 self.send_out(out, c, fin && i + 1 == n).await?;
@@ -114,12 +143,30 @@ impl MuxSend {
             return Ok(());
         }
         self.acquire(cost, fin).await?;
-        self.enqueue(|id| {
-            for out in &mut outs {
-                out.set_stream(id);
-            }
-            outs
-        })
+        self.enqueue_all(outs)
+    }
+
+    /// [`SendStream::try_send_batch`]: sends now when the credit is there.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn try_send_frames(
+        &mut self,
+        frames: Vec<Frame>,
+        fin: bool,
+    ) -> Result<Result<(), StreamError>, Vec<Frame>> {
+        if frames.is_empty() {
+            return Ok(if fin { self.finish_now() } else { Ok(()) });
+        }
+        let (outs, cost) = match self.prepare(frames, fin) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        let taken = if cost > u64::from(self.shared.peer_window) { None } else { self.try_acquire(cost, fin) };
+        match taken {
+            Some(Ok(())) => Ok(self.enqueue_all(outs)),
+            Some(Err(e)) => Ok(Err(e)),
+            // No credit yet (or more than a window): the caller waits.
+            None => Err(outs.into_iter().filter_map(Out::into_frame).collect()),
+        }
     }
 
     /// [`SendStream::finish`] (it never waits).
@@ -186,6 +233,10 @@ impl SendStream for MuxSend {
 
     async fn finish(&mut self) -> Result<(), StreamError> {
         self.finish_now()
+    }
+
+    fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
+        self.try_send_frames(frames, fin)
     }
 
     fn reset(&mut self, code: u32) {

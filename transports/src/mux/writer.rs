@@ -197,6 +197,15 @@ impl Out {
         }
     }
 
+    /// A DATA item with a header back as the frame it was made from (None
+    /// for other items).
+    pub(crate) fn into_frame(self) -> Option<crate::Frame> {
+        match self {
+            Out::Data { header: Some(header), payload, .. } => Some(crate::Frame { header, payload }),
+            _ => None,
+        }
+    }
+
     /// A DATA item's flow-control cost: its header and payload bytes.
     pub(crate) fn cost(&self) -> u64 {
         match self {

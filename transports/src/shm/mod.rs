@@ -699,6 +699,10 @@ impl SendStream for ShmSend {
         self.inner.send_frames(out, fin).await
     }
 
+    fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
+        if self.passes_through(&frames) { self.inner.try_send_frames(frames, fin) } else { Err(frames) }
+    }
+
     async fn finish(&mut self) -> Result<(), StreamError> {
         let held = self.fall_back()?;
         if held.is_empty() { self.inner.finish_now() } else { self.inner.send_frames(held, true).await }
