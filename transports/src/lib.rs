@@ -489,7 +489,6 @@ pub trait SendStream: Send + 'static {
     /// back untouched: await `send_batch` with them. A small call's frames
     /// usually leave this way, sparing a boxed future per send (default:
     /// hands them back).
-    #[allow(clippy::result_large_err)]
     fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
         let _ = fin;
         Err(frames)

@@ -102,6 +102,8 @@ impl Activity {
 /// restart for the first write after them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Watch {
+    // Only the shared-memory ring's writer watches every move.
+    #[cfg_attr(not(feature = "shm"), allow(dead_code))]
     Moves,
     Reads,
 }
@@ -133,6 +135,7 @@ impl Spin {
     /// within about the last `spin`. The clock is read once every
     /// [`POLLS_PER_CLOCK_READ`] polls of a quiet connection, and never
     /// while bytes keep moving.
+    #[cfg_attr(not(feature = "shm"), allow(dead_code))]
     pub(crate) fn spinning(&mut self, a: &Activity) -> bool {
         self.check(a, Watch::Moves)
     }

@@ -458,3 +458,47 @@ async fn streams_opened_in_one_order_and_used_in_another_all_arrive() {
     seen.sort_unstable();
     assert_eq!(seen, (0..20).collect::<Vec<u8>>());
 }
+
+#[tokio::test]
+async fn try_send_batch_sends_while_credit_lasts_and_hands_the_frames_back_after() {
+    // A window of 1 MiB: two batches of 3 × 128 KiB fit, a third does not
+    // until the reader reads. What is handed back is what was offered, and
+    // `send_batch` then sends it once credit returns; the peer sees every
+    // frame once, in order.
+    for scheme in ["tcp", "unix"] {
+        let p = pair(scheme, TransportConfig { stream_window: 1 << 20, ..Default::default() }).await;
+        let (mut tx, _rx) = p.client.open(StreamKind::Send).await.unwrap();
+        let batch = |seed: u8| -> Vec<Frame> {
+            (0..3u8).map(|i| Frame { header: chunk_header(0, 128 << 10), payload: data(128 << 10, seed + i) }).collect()
+        };
+        for seed in [0, 10] {
+            assert!(matches!(tx.try_send_batch(batch(seed), false), Ok(Ok(()))), "{scheme}: batch {seed} fits");
+        }
+        let back = match tx.try_send_batch(batch(20), true) {
+            Err(back) => back,
+            Ok(r) => panic!("{scheme}: a batch past the window was sent without credit: {r:?}"),
+        };
+        assert_eq!(back.len(), 3);
+        for (i, f) in back.iter().enumerate() {
+            assert_eq!(f.payload, data(128 << 10, 20 + i as u8), "{scheme}: frame {i} handed back untouched");
+            assert_eq!(f.header, chunk_header(0, 128 << 10));
+        }
+        let sender = tokio::spawn(async move {
+            tx.send_batch(back, true).await.unwrap();
+            tx
+        });
+        let mut inc = p.server.accept().await.unwrap();
+        for seed in [0u8, 10, 20] {
+            for i in 0..3 {
+                let r = inc.recv.recv().await.unwrap().expect("a frame");
+                let payload = match r.payload {
+                    Payload::Bytes(b) => b,
+                    other => panic!("{scheme}: unexpected payload {other:?}"),
+                };
+                assert_eq!(payload, data(128 << 10, seed + i), "{scheme}: frame {seed}+{i}");
+            }
+        }
+        assert!(inc.recv.recv().await.unwrap().is_none(), "{scheme}: the stream ends after the last batch");
+        drop(sender.await.unwrap());
+    }
+}

@@ -147,7 +147,6 @@ impl MuxSend {
     }
 
     /// [`SendStream::try_send_batch`]: sends now when the credit is there.
-    #[allow(clippy::result_large_err)]
     pub(crate) fn try_send_frames(
         &mut self,
         frames: Vec<Frame>,

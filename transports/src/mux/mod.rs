@@ -38,6 +38,7 @@ pub mod state;
 mod writer;
 
 pub use conn::{EstablishError, MuxConnection, SocketInfo, establish};
+#[cfg(feature = "shm")]
 pub(crate) use handles::{MuxRecv, MuxSend};
 pub use state::Role;
 pub use writer::{MuxWrite, QueuedWrite};
