@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use prost::Message;
 
 use super::frame::code;
 use super::shared::{Event, Events, Shared, StreamShared};
@@ -26,20 +25,20 @@ pub(crate) struct MuxSend {
 
 impl MuxSend {
     /// Checks `frame` against the peer's limits and makes it a DATA item
-    /// (its stream id is 0 until `Out::set_stream`); its flow-control cost
-    /// is the item's header and payload length.
-    fn check_frame(&self, frame: Frame, fin: bool) -> Result<(Out, u64), StreamError> {
+    /// (its stream id is 0 until `Out::set_stream`).
+    fn check_frame(&self, frame: Frame, fin: bool) -> Result<Out, StreamError> {
         let sh = &self.shared;
-        let meta_len = frame.header.encoded_len();
-        let cost = meta_len as u64 + frame.payload.len() as u64;
-        if frame.payload.len() as u64 > u64::from(sh.peer_max_payload) {
+        let payload_len = frame.payload.len() as u64;
+        if payload_len > u64::from(sh.peer_max_payload) {
             return Err(StreamError::LimitExceeded {
                 peer: sh.peer.clone(),
                 what: "frame payload",
-                size: frame.payload.len() as u64,
+                size: payload_len,
                 limit: sh.peer_max_payload.into(),
             });
         }
+        let out = Out::data(0, Some(frame.header), frame.payload, fin);
+        let cost = out.cost();
         if cost > u64::from(sh.peer_window) {
             return Err(StreamError::LimitExceeded {
                 peer: sh.peer.clone(),
@@ -48,9 +47,7 @@ impl MuxSend {
                 limit: sh.peer_window.into(),
             });
         }
-        let out =
-            Out::Data { id: 0, header: Some(frame.header), meta_len: meta_len as u32, payload: frame.payload, fin };
-        Ok((out, cost))
+        Ok(out)
     }
 
     /// Takes `cost` bytes of credit (with `fin`, also closes this
@@ -90,13 +87,13 @@ impl MuxSend {
     /// [`SendStream::send`] or, with `fin`, [`SendStream::send_last`],
     /// callable without a boxed future.
     pub(crate) async fn send_inner(&mut self, frame: Frame, fin: bool) -> Result<(), StreamError> {
-        let (out, cost) = self.check_frame(frame, fin)?;
-        self.send_out(out, cost, fin).await
+        let out = self.check_frame(frame, fin)?;
+        self.send_out(out).await
     }
 
-    /// Sends one checked DATA item once its `cost` in credit is there.
-    async fn send_out(&mut self, mut out: Out, cost: u64, fin: bool) -> Result<(), StreamError> {
-        self.acquire(cost, fin).await?;
+    /// Sends one checked DATA item once its cost in credit is there.
+    async fn send_out(&mut self, mut out: Out) -> Result<(), StreamError> {
+        self.acquire(out.cost(), out.is_fin()).await?;
         self.enqueue(|id| {
             out.set_stream(id);
             [out]
@@ -110,9 +107,9 @@ impl MuxSend {
         let mut cost = 0;
         let mut outs = Vec::with_capacity(n);
         for (i, f) in frames.into_iter().enumerate() {
-            let (out, c) = self.check_frame(f, fin && i + 1 == n)?;
+            let out = self.check_frame(f, fin && i + 1 == n)?;
+            cost += out.cost();
             outs.push(out);
-            cost += c;
         }
         Ok((outs, cost))
     }
@@ -135,10 +132,8 @@ impl MuxSend {
         let (outs, cost) = self.prepare(frames, fin)?;
         if cost > u64::from(self.shared.peer_window) {
             // More than the peer's window at once: send them one by one.
-            let n = outs.len();
-            for (i, out) in outs.into_iter().enumerate() {
-                let c = out.cost();
-                self.send_out(out, c, fin && i + 1 == n).await?;
+            for out in outs {
+                self.send_out(out).await?;
             }
             return Ok(());
         }

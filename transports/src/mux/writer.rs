@@ -206,6 +206,11 @@ impl Out {
         }
     }
 
+    /// Whether a DATA item ends its stream's direction.
+    pub(crate) fn is_fin(&self) -> bool {
+        matches!(self, Out::Data { fin: true, .. })
+    }
+
     /// A DATA item's flow-control cost: its header and payload bytes.
     pub(crate) fn cost(&self) -> u64 {
         match self {
