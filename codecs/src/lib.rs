@@ -35,6 +35,7 @@
 //! | `raw.rs` | [`raw::RawCodec`] |
 //! | `torch/` | the torch.save codec: `mod.rs` says which file holds what |
 //! | `safetensors.rs` | the safetensors codec and file reader/writer |
+//! | `checksum.rs` | CRC-32C ([`checksum::crc32c`]) and the zip CRC-32, SIMD where the CPU has it |
 //! | `compress.rs` | lz4/zstd per chunk, byte-shuffle, [`compress::choose_auto`] |
 //! | `dtype.rs` | [`DType`], [`Element`], [`Complex`], the float8 types |
 //! | `tensor/` | the tensor model ([`Tensor`], [`Storage`], [`Device`], [`AlignedBuf`], [`TensorError`]): `mod.rs` says which file holds what |
@@ -52,6 +53,7 @@
 //! | `safetensors` | yes | the safetensors codec |
 #![warn(missing_docs)]
 
+pub mod checksum;
 pub mod codec;
 pub mod compress;
 pub mod delta;

@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use tensorwire_codecs::checksum;
 use tensorwire_codecs::compress::Decompressor;
 use tensorwire_codecs::{Compression, Encoded};
 use tensorwire_proto::v1;
@@ -344,7 +345,7 @@ impl Reassembler {
 fn verify(c: &v1::Chunk, payload: &[u8]) -> Result<(), ChunkError> {
     match c.chunk_crc32c {
         Some(expected) => {
-            let actual = crc32c::crc32c(payload);
+            let actual = checksum::crc32c(payload);
             if actual == expected {
                 Ok(())
             } else {

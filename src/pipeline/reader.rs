@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use tensorwire_codecs::checksum;
 use tensorwire_codecs::tensor::aligned;
 use tensorwire_codecs::{CodecKind, DType, DecodeError, Storage, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
@@ -253,7 +254,7 @@ impl FrameReader {
         }
         let (_, crc) = self.asm.finished().ok_or_else(|| self.protocol("tensor ended early"))?;
         if let Some(expected) = crc {
-            let actual = crc32c::crc32c(dst);
+            let actual = checksum::crc32c(dst);
             if actual != expected {
                 return Err(CallError::Decode(DecodeError::Checksum { what: "tensor payload", expected, actual }));
             }
@@ -304,7 +305,7 @@ impl FrameReader {
     fn finish_tensor(&mut self, payload: Bytes) -> Result<Tensor, CallError> {
         let (info, crc) = self.asm.finished().ok_or_else(|| self.protocol("tensor ended early"))?;
         if let Some(expected) = crc {
-            let actual = crc32c::crc32c(&payload);
+            let actual = checksum::crc32c(&payload);
             if actual != expected {
                 return Err(CallError::Decode(tensorwire_codecs::DecodeError::Checksum {
                     what: "tensor payload",

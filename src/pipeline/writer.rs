@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
+use tensorwire_codecs::checksum;
 use tensorwire_codecs::compress::{Compressor, choose_auto};
 use tensorwire_codecs::{CodecKind, Compression, CompressionMode, Device, Encoded, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
@@ -185,8 +186,11 @@ impl FrameWriter {
         self.caps.check_tensor_bytes(total)?;
         let mut info = info_to_wire(&encoded.info, codec_kind);
         info.storage_id = storage_id;
-        let crc =
-            self.encoding.checksums.then(|| encoded.segments.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s)));
+        let crc = self.encoding.checksums.then(|| {
+            let mut crc = checksum::Crc32c::new();
+            encoded.segments.iter().for_each(|s| crc.update(s));
+            crc.finish()
+        });
         let (compression, shuffle) = self.choose_compression(&encoded.segments, itemsize);
         let chunk_size = self.chunk_size(compression == Compression::None);
         let id = self.next_tensor_id;
@@ -215,7 +219,7 @@ impl FrameWriter {
                 payload = Bytes::from(z);
             }
             if self.chunk_checksums {
-                c.chunk_crc32c = Some(crc32c::crc32c(&payload));
+                c.chunk_crc32c = Some(checksum::crc32c(&payload));
             }
             wire_bytes += payload.len() as u64;
             let raw_len = c.raw_len;
@@ -293,7 +297,7 @@ impl FrameWriter {
                 compression: v1::Compression::None as i32,
                 raw_len: payload.len() as u64,
                 info: winfo.take(),
-                chunk_crc32c: checksums.then(|| crc32c::crc32c(&payload)),
+                chunk_crc32c: checksums.then(|| checksum::crc32c(&payload)),
                 ..Default::default()
             };
             w.hold(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload });

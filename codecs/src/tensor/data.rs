@@ -116,9 +116,9 @@ impl Tensor {
     /// so that sender and receiver agree whatever the layout).
     pub fn crc32c(&self) -> Result<u32, TensorError> {
         let storage = self.host_storage()?;
-        let mut crc = 0u32;
-        self.for_each_run(|off, len| crc = crc32c::crc32c_append(crc, &storage[off..off + len]));
-        Ok(crc)
+        let mut crc = crate::checksum::Crc32c::new();
+        self.for_each_run(|off, len| crc.update(&storage[off..off + len]));
+        Ok(crc.finish())
     }
 
     /// True when both tensors have the same dtype, shape and element bytes

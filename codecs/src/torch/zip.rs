@@ -241,7 +241,7 @@ impl ZipWriter {
         p.put_slice(b"FB");
         p.put_u16_le(pad as u16);
         p.put_bytes(b'Z', pad);
-        let crc = if self.compute_crc { crc32fast::hash(&data) } else { 0 };
+        let crc = if self.compute_crc { crate::checksum::crc32(&data) } else { 0 };
         // Small entries join the header buffer; large ones stay separate.
         if data.len() <= 4096 {
             self.pending.put_slice(&data);
@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(entries.len(), 3);
         assert_eq!(entries[1].name, "archive/data/0");
         assert_eq!(entries[1].data, big);
-        assert_eq!(entries[1].crc32, crc32fast::hash(&big));
+        assert_eq!(entries[1].crc32, crate::checksum::crc32(&big));
         for e in &entries {
             assert_eq!((e.data.as_ptr() as usize - file.as_ptr() as usize) % 64, 0, "{} aligned", e.name);
         }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
-use tensorwire::codecs::safetensors;
 use tensorwire::codecs::torch::{SaveOptions, StateDictWriter};
+use tensorwire::codecs::{checksum, safetensors};
 use tensorwire::{Client, DType, StateDictEntry, StoredTensor, Tensor};
 
 use super::{BoxError, ConnArgs, FetchArgs, Progress, SendArgs, client, report};
@@ -39,7 +39,7 @@ pub(crate) struct RmArgs {
 fn combined_crc<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Result<u32, BoxError> {
     let mut crc = 0;
     for t in tensors {
-        crc = crc32c::crc32c_combine(crc, t.crc32c()?, t.nbytes());
+        crc = checksum::crc32c_combine(crc, t.crc32c()?, t.nbytes());
     }
     Ok(crc)
 }
@@ -155,7 +155,7 @@ pub(crate) async fn fetch_state_dict(a: &FetchArgs, c: &Client, entries: Vec<Sto
         let (mut crc, mut bytes, mut n) = (0u32, 0u64, 0u64);
         while let Some(e) = stream.next().await {
             let e = e?;
-            crc = crc32c::crc32c_combine(crc, e.tensor.crc32c()?, e.tensor.nbytes());
+            crc = checksum::crc32c_combine(crc, e.tensor.crc32c()?, e.tensor.nbytes());
             bytes += e.tensor.nbytes() as u64;
             n += 1;
             // File writes block: keep them off the runtime's other tasks.
