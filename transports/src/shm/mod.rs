@@ -38,8 +38,9 @@
 //!   low-priority thread for the next one. A one-shot sender from a new
 //!   process never waits for page faults (nor competes with a warming
 //!   thread); steady traffic moves to segments from its third tensor on.
-//!   Tensors too large to pool (over `max_in_flight`) still get a segment
-//!   of their own.
+//!   Tensors too large to pool (over `max_in_flight`) always go through
+//!   the rings: a segment of their own would be fresh memory each time, and
+//!   the sender would hold the tensor twice.
 //! - **Backpressure.** Segments sent and not yet viewed (TAKEN) by the
 //!   receiver hold at most `max_in_flight` bytes of budget.
 //! - **Cleanup.** Segments and ring regions are anonymous memfds: nothing is
@@ -336,13 +337,18 @@ impl Shared {
     /// peer before use. None sends the tensor through the socket: when no
     /// ready segment fits (on a repeated miss of a size one is then made in
     /// the background for the next tensor), or when this connection already
-    /// has as many live segments as the peer accepts. A tensor too large to
-    /// pool gets a new segment.
+    /// has as many live segments as the peer accepts, or when the tensor is
+    /// too large to pool (over `max_in_flight`).
     async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
         self.expire_stale();
         let forget = std::mem::take(&mut *lock(&self.forget));
         for id in forget {
             self.side.send(SideMsg::Forget(id), None).await?;
+        }
+        if segment_size(n) > self.cfg.max_in_flight {
+            // Too large to pool: through the rings, every time (see below),
+            // without waiting for the budget.
+            return Ok(None);
         }
         let units = u32::try_from(n.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.budget_units);
         let permit = loop {
@@ -396,25 +402,22 @@ impl Shared {
             }
             self.give_back(id, seg);
         }
+        // A new segment costs a page fault per page (~1 GiB/s on the VMs
+        // this was measured on; memfd pages ~0.5 GiB/s), several times what
+        // the rings (or the socket) cost into the receiver's warm pool:
+        // this tensor goes through them. From the second such miss of a
+        // size on (steady traffic, not a one-shot sender), a segment of
+        // that size is made off the hot path for the next tensor. (A tensor
+        // too large to pool went through them above, every time: a segment
+        // of its own would be fresh memory for each one, on top of the
+        // tensor, so the sender would hold it twice; through the rings the
+        // receiver's buffer is faulted in beside the copy.)
         let size = segment_size(n);
-        if size <= self.cfg.max_in_flight {
-            // A new segment costs a page fault per page (~1 GiB/s on the
-            // VMs this was measured on), several times what the socket
-            // costs into the receiver's warm pool: this tensor goes through
-            // the socket. From the second such miss of a size on (steady
-            // traffic, not a one-shot sender), a segment of that size is
-            // made off the hot path for the next tensor.
-            let repeat = lock(&self.last_miss).replace(size) == Some(size);
-            if repeat {
-                self.warm_in_background(size as usize);
-            }
-            return Ok(None);
+        let repeat = lock(&self.last_miss).replace(size) == Some(size);
+        if repeat {
+            self.warm_in_background(size as usize);
         }
-        // Too large to pool: a segment for this tensor alone.
-        let seg = SegmentWriter::new(size as usize)?;
-        let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
-        self.side.send(SideMsg::New(id), Some(seg.fd())).await?;
-        Ok(Some((id, seg, permit)))
+        Ok(None)
     }
 
     /// Makes (and faults in) a segment of `size` bytes on a thread of its
@@ -865,13 +868,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tensor_too_large_to_pool_gets_a_segment_of_its_own() {
+    async fn a_tensor_too_large_to_pool_goes_through_the_rings_every_time() {
         let (ours, theirs) = seqpacket_pair().unwrap();
         let cfg = ShmConfig { max_in_flight: 2 << 20, ..ShmConfig::default() };
         let shared = Shared::new(ours, &cfg, "test".into()).unwrap();
-        let (id, seg, _permit) = shared.acquire(5 << 20).await.unwrap().expect("a fresh segment");
-        assert!(seg.len() >= 5 << 20);
-        assert_eq!(announced(&theirs), id);
+        // Repeated, as steady traffic of one large size would be: never a
+        // segment (each would be fresh memory beside the sender's tensor),
+        // never one warmed, and no budget held while deciding.
+        for _ in 0..3 {
+            assert!(shared.acquire(5 << 20).await.unwrap().is_none());
+        }
         assert!(!shared.warming.load(Ordering::Acquire) && lock(&shared.warmed).is_none());
+        assert_eq!(shared.budget.available_permits(), shared.budget_units as usize);
+        let mut buf = [0u8; 64];
+        let nothing = recv_with_fd(theirs.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT);
+        assert!(nothing.is_err(), "no segment may be announced to the peer");
+        // A poolable size still gets segments once it repeats.
+        assert!(shared.acquire(1 << 20).await.unwrap().is_none());
+        assert!(shared.acquire(1 << 20).await.unwrap().is_none());
+        warmed(&shared).await;
+        let (id, seg, _permit) = shared.acquire(1 << 20).await.unwrap().expect("the warmed segment");
+        assert!(seg.len() >= 1 << 20);
+        assert_eq!(announced(&theirs), id);
     }
 }
