@@ -172,16 +172,18 @@ pub(crate) fn transfers(
         },
         move |conn| {
             Box::pin(async move {
-                let src = Bytes::from(vec![7u8; largest.min(1 << 20)]);
+                // A warm source of the largest size, read through as a
+                // tensor is (see `raw_copy_into`).
+                let src = Bytes::from(warm_buffer(largest));
                 let mut times = Vec::with_capacity(sizes.len());
                 for bytes in sizes {
                     let start = Instant::now();
                     let (mut tx, mut rx) = conn.open_bi().await.map_err(io)?;
-                    let mut left = bytes;
-                    while left > 0 {
-                        let n = left.min(src.len());
-                        tx.write_chunk(src.slice(..n)).await.map_err(io)?;
-                        left -= n;
+                    let mut sent = 0;
+                    while sent < bytes {
+                        let n = (bytes - sent).min(1 << 20);
+                        tx.write_chunk(src.slice(sent..sent + n)).await.map_err(io)?;
+                        sent += n;
                     }
                     tx.finish().map_err(io)?;
                     let mut ack = [0u8; 1];
