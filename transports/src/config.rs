@@ -103,8 +103,9 @@ pub struct ShmConfig {
     pub max_segment_bytes: u64,
     /// Bytes of segments one connection may have passed to the peer and not
     /// yet seen taken (default 1 GiB): the sender waits beyond it, so a slow
-    /// receiver bounds the sender's shared memory. One larger tensor may
-    /// still go alone.
+    /// receiver bounds the sender's shared memory. It is also the most the
+    /// sender's segment pool keeps; a larger tensor goes through the rings
+    /// (or the socket), never in a segment of its own.
     pub max_in_flight: u64,
     /// A segment whose frame has not claimed it after this long is dropped
     /// (default 30 s); a frame naming a segment that has not arrived within
