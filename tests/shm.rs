@@ -192,6 +192,28 @@ async fn frames_that_lie_about_segments_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_larger_than_the_segment_pool_go_through_the_rings_bit_exact() {
+    // With a 2 MiB segment pool, a 5 MiB tensor never gets a segment (it
+    // would be fresh memory each time, held beside the tensor): it goes
+    // through the rings, again and again, in both directions, while a
+    // 1 MiB tensor on the same connection still may use segments.
+    let (server, _dir) = start(store_server(ServerConfig::default()), "shm").await;
+    let mut cfg = tensorwire::ClientConfig::default();
+    cfg.transport.shm.max_in_flight = 2 << 20;
+    let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+    for i in 0..4u64 {
+        let big = random_tensor(DType::UInt8, &[(5 << 20) + 3], i).unwrap().with_name("big");
+        let small = random_tensor(DType::UInt8, &[1 << 20], 100 + i).unwrap().with_name("small");
+        let s = client.send(vec![big.clone(), small.clone()]).await.unwrap();
+        assert_eq!(s.received, 2);
+        assert_same(&big, &client.fetch_one("big").await.unwrap());
+        assert_same(&small, &client.fetch_one("small").await.unwrap());
+        let ex = client.exchange_all(vec![big.clone()]).await.unwrap();
+        assert_same(&big, &ex[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_held_tensors_than_the_peer_takes_segments_still_arrive() {
     // Each tensor a receiver keeps holds its segment; past the peer's limit
     // (256 per connection) the sender uses the socket instead of failing.

@@ -97,15 +97,17 @@ pub struct ShmConfig {
     /// smaller ones go through the socket, where a copy costs less than a
     /// segment.
     pub min_tensor_bytes: u64,
-    /// Largest tensor payload sent through, or mapped from, one segment
-    /// (default 16 GiB): larger tensors go through the socket, and a peer's
-    /// larger segment is refused.
+    /// Largest tensor payload mapped from one segment a peer passes
+    /// (default 16 GiB): a peer's larger segment is refused. (A sender puts
+    /// at most `max_in_flight` bytes in one segment; larger tensors go
+    /// through the rings or the socket.)
     pub max_segment_bytes: u64,
     /// Bytes of segments one connection may have passed to the peer and not
     /// yet seen taken (default 1 GiB): the sender waits beyond it, so a slow
     /// receiver bounds the sender's shared memory. It is also the most the
     /// sender's segment pool keeps; a larger tensor goes through the rings
-    /// (or the socket), never in a segment of its own.
+    /// (or the socket), never in a segment of its own. Segments are whole
+    /// MiB, so below 1 MiB no tensor uses one.
     pub max_in_flight: u64,
     /// A segment whose frame has not claimed it after this long is dropped
     /// (default 30 s); a frame naming a segment that has not arrived within

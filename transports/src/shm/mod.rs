@@ -1,8 +1,9 @@
 //! `shm://name`, and `unix://` upgraded to shared memory: the mux runs over
 //! two shared-memory rings (one per direction) instead of the Unix socket,
 //! and a tensor of at least
-//! [`ShmConfig::min_tensor_bytes`](crate::config::ShmConfig) travels in a
-//! memfd segment instead of the rings.
+//! [`ShmConfig::min_tensor_bytes`](crate::config::ShmConfig) and at most
+//! `max_in_flight` (the segment pool's size) travels in a memfd segment
+//! instead of the rings when a warm one fits (see **Warm segments only**).
 //!
 //! ```text
 //!   client                                   server

@@ -276,7 +276,7 @@ pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) 
     // The sender writes from a warm buffer of the tensor's size, as a
     // transport sending a tensor reads the tensor: the same 1 MiB written
     // again and again stays in the cache, which a 256 MiB tensor does not
-    // (over TCP that ceiling read ~15% higher, 4 paired runs on 2026-11-26).
+    // (over TCP that ceiling read ~20% higher, 4 paired runs on 2026-11-26).
     let src = warm_buffer(bytes);
     let reader = std::thread::spawn(move || -> std::io::Result<Duration> {
         let mut total = Duration::ZERO;

@@ -234,18 +234,17 @@ fn raw_tcp(link: &Link, sizes: Vec<usize>, cc: &str) -> Result<Vec<f64>, BoxErro
     });
     ready_rx.recv().map_err(|_| "raw TCP server failed to start")?;
     let client = link.spawn_in(Side::A, move || -> std::io::Result<Vec<f64>> {
-        let buf = vec![7u8; 1 << 20];
+        // A warm source of the largest size, read through as a tensor is
+        // (as the loopback ceilings do, `harness::raw_copy_into`).
+        let buf = crate::harness::warm_buffer(sizes.iter().copied().max().unwrap_or(0));
         let mut s = std::net::TcpStream::connect(&addr)?;
         s.set_nodelay(true)?;
         set_tcp_congestion(&s, &cc)?;
         let mut times = vec![];
         for bytes in sizes {
             let t = Instant::now();
-            let mut left = bytes;
-            while left > 0 {
-                let n = left.min(buf.len());
-                s.write_all(&buf[..n])?;
-                left -= n;
+            for piece in buf[..bytes].chunks(1 << 20) {
+                s.write_all(piece)?;
             }
             let mut one = [0u8; 1];
             s.read_exact(&mut one)?;
