@@ -13,7 +13,6 @@ use tensorwire_codecs::{CodecKind, DType, DecodeError, Storage, Tensor, TensorIn
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, Received, RecvStream, StreamError};
 
-use super::budget::MemoryBudget;
 use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
 use super::pool::RecvPool;
 use super::wire::{codec_from_wire, info_from_wire};
@@ -96,13 +95,6 @@ impl FrameReader {
             kept: 0,
             last_storage: 0,
         }
-    }
-
-    /// Reserves every tensor's buffer from `budget` before allocating it.
-    #[allow(dead_code)]
-    pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
-        self.asm = Assembly::new(ReassemblyLimits { max_tensor_bytes: self.limits.max_tensor_bytes }, Some(budget));
-        self
     }
 
     fn count_progress(&self, n: u64) {

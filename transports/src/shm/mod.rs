@@ -346,9 +346,13 @@ impl Shared {
         for id in forget {
             self.side.send(SideMsg::Forget(id), None).await?;
         }
-        if segment_size(n) > self.cfg.max_in_flight {
-            // Too large to pool: through the rings, every time (see below),
-            // without waiting for the budget.
+        let size = segment_size(n);
+        if size > self.cfg.max_in_flight {
+            // Too large to pool: through the rings, every time, without
+            // waiting for the budget. A segment of its own would be fresh
+            // memory for each such tensor (see below), on top of the tensor,
+            // so the sender would hold it twice; through the rings the
+            // receiver's buffer is faulted in beside the copy.
             return Ok(None);
         }
         let units = u32::try_from(n.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.budget_units);
@@ -408,12 +412,7 @@ impl Shared {
         // the rings (or the socket) cost into the receiver's warm pool:
         // this tensor goes through them. From the second such miss of a
         // size on (steady traffic, not a one-shot sender), a segment of
-        // that size is made off the hot path for the next tensor. (A tensor
-        // too large to pool went through them above, every time: a segment
-        // of its own would be fresh memory for each one, on top of the
-        // tensor, so the sender would hold it twice; through the rings the
-        // receiver's buffer is faulted in beside the copy.)
-        let size = segment_size(n);
+        // that size is made off the hot path for the next tensor.
         let repeat = lock(&self.last_miss).replace(size) == Some(size);
         if repeat {
             self.warm_in_background(size as usize);
