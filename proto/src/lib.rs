@@ -42,6 +42,8 @@ pub mod bench {
     include!(concat!(env!("OUT_DIR"), "/tensorwire.bench.v1.rs"));
 }
 
+pub mod header;
+
 /// The protocol version this crate speaks (`Hello.version`).
 pub const PROTOCOL_VERSION: u32 = v1::ProtocolVersion::ProtocolVersion1 as u32;
 

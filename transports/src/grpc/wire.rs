@@ -69,7 +69,7 @@ impl std::fmt::Display for WireError {
 /// One frame as a gRPC message: a small head (prefix, header, the payload
 /// field's key and length) and the payload itself, untouched.
 pub(crate) fn encode(frame: &v1::Frame, limit: usize) -> Result<(Bytes, Bytes), WireError> {
-    let header = frame.header.as_ref().map(|h| (h, h.encoded_len()));
+    let header = frame.header.as_ref().map(|h| (h, tensorwire_proto::header::encoded_len(h)));
     let p = frame.payload.len();
     let header_field = header.map_or(0, |(_, n)| 1 + prost::length_delimiter_len(n) + n);
     let payload_field = if p == 0 { 0 } else { 1 + prost::length_delimiter_len(p) + p };
@@ -83,7 +83,7 @@ pub(crate) fn encode(frame: &v1::Frame, limit: usize) -> Result<(Bytes, Bytes), 
     if let Some((h, n)) = header {
         head.put_u8(KEY_HEADER);
         prost::encode_length_delimiter(n, &mut head).map_err(|e| WireError::Malformed(e.to_string()))?;
-        h.encode(&mut head).map_err(|e| WireError::Malformed(e.to_string()))?;
+        tensorwire_proto::header::encode(h, &mut head);
     }
     if p > 0 {
         head.put_u8(KEY_PAYLOAD);

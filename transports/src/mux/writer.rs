@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use prost::Message;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -186,7 +185,7 @@ pub(crate) enum Out {
 impl Out {
     /// A DATA item: `header`'s length is computed here, once.
     pub(crate) fn data(id: u32, header: Option<FrameHeader>, payload: Bytes, fin: bool) -> Out {
-        let meta_len = header.as_ref().map_or(0, Message::encoded_len) as u32;
+        let meta_len = header.as_ref().map_or(0, tensorwire_proto::header::encoded_len) as u32;
         Out::Data { id, header, meta_len, payload, fin }
     }
 
@@ -247,8 +246,8 @@ impl Out {
                 if let Some(h) = header {
                     scratch.reserve(meta_len as usize);
                     let before = scratch.len();
-                    // `encode_raw`: `encode` would compute the length once more to check room.
-                    h.encode_raw(&mut Bytewise(scratch));
+                    // Without a length check: `meta_len` was computed once, above.
+                    tensorwire_proto::header::encode(&h, &mut Bytewise(scratch));
                     debug_assert_eq!(scratch.len() - before, meta_len as usize, "meta_len is the header's length");
                 }
                 if payload.len() <= inline {
@@ -522,6 +521,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
     use tensorwire_proto::v1::{Chunk, TensorInfo, frame_header::Kind as HeaderKind};
 
     /// A write half that takes at most `limit` bytes per direct write, with

@@ -181,11 +181,11 @@ fn write_error(peer: &str, id: u64, e: quinn::WriteError) -> StreamError {
 }
 
 fn head(f: &Frame, stripe: u8) -> Bytes {
-    let meta_len = f.header.encoded_len();
+    let meta_len = tensorwire_proto::header::encoded_len(&f.header);
     let mut head = BytesMut::with_capacity(8 + meta_len);
     head.put_u32_le((u32::from(stripe) << 24) | meta_len as u32);
     head.put_u32_le(f.payload.len() as u32);
-    f.header.encode(&mut head).expect("BytesMut grows");
+    tensorwire_proto::header::encode(&f.header, &mut head);
     head.freeze()
 }
 
