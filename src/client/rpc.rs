@@ -66,16 +66,21 @@ impl Client {
         self.run_recorded(opts, record, move |s, sent, started| {
             Box::pin(async move {
                 let (mut w, mut r) = self.open(&s, StreamKind::Call, opts).await?;
-                let mut req = self.request(Method::Call, opts, started);
-                req.function = function.to_string();
-                req.args = args.to_wire();
-                req.examples = examples as u32;
-                w.control(Kind::Request(Box::new(req)));
+                // In a block: a moved-out local still takes room in the
+                // future until its scope ends.
+                w.control(Kind::Request(Box::new({
+                    let mut req = self.request(Method::Call, opts, started);
+                    req.function = function.to_string();
+                    req.args = args.to_wire();
+                    req.examples = examples as u32;
+                    req
+                })));
                 sent.set();
                 let sent_ok = send_all(&mut w, inputs).await;
                 self.count_sent(&w);
                 if let Err(e) = sent_ok {
-                    return Err(explain(e, &mut r).await);
+                    // Boxed: the failure path's future is the largest.
+                    return Err(Box::pin(explain(e, &mut r)).await);
                 }
                 let out = read_outputs(&mut r).await;
                 self.count_received(&r);
@@ -94,7 +99,7 @@ impl Client {
         method: Method,
         fill: impl Fn(&mut v1::Request) + Sync,
         idempotent: bool,
-    ) -> Result<(Vec<Tensor>, v1::Reply), CallError> {
+    ) -> Result<(Vec<Tensor>, Box<v1::Reply>), CallError> {
         let opts = &CallOptions { idempotent, ..CallOptions::default() };
         let fill = &fill;
         self.run(opts, move |s, sent, started| {

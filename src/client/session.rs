@@ -481,7 +481,9 @@ pub(crate) async fn send_summary(
 }
 
 /// Reads output tensors until the reply (or error) and the end of the stream.
-pub(crate) async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, v1::Reply), CallError> {
+/// The reply stays boxed, as it arrived: it is ~0.5 KB, mostly fields of
+/// other methods.
+pub(crate) async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, Box<v1::Reply>), CallError> {
     let mut out = Vec::new();
     loop {
         match r.next().await? {
@@ -489,7 +491,7 @@ pub(crate) async fn read_outputs(r: &mut FrameReader) -> Result<(Vec<Tensor>, v1
             Item::Control(h) => match h.kind {
                 Some(Kind::Reply(reply)) => {
                     return match r.next().await? {
-                        Item::End => Ok((out, *reply)),
+                        Item::End => Ok((out, reply)),
                         _ => Err(r.protocol("frames after the reply")),
                     };
                 }

@@ -17,7 +17,8 @@ pub struct TensorStream {
     reader: FrameReader,
     client_side: bool,
     done: bool,
-    reply: Option<v1::Reply>,
+    /// Boxed as it arrived (~0.5 KB, held by every call's future otherwise).
+    reply: Option<Box<v1::Reply>>,
     pending: Option<Tensor>,
     sender: Option<tokio::task::JoinHandle<Result<(), CallError>>>,
 }
@@ -76,7 +77,7 @@ impl TensorStream {
             Ok(Item::Control(h)) => match h.kind {
                 Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),
                 Some(Kind::Reply(r)) if self.client_side => {
-                    self.reply = Some(*r);
+                    self.reply = Some(r);
                     match self.reader.next().await {
                         Ok(Item::End) => None,
                         Ok(_) => Some(Err(self.reader.protocol("frames after the reply"))),
@@ -100,7 +101,7 @@ impl TensorStream {
 
     /// The server's closing reply, once the stream has ended (client side).
     pub fn reply(&self) -> Option<&v1::Reply> {
-        self.reply.as_ref()
+        self.reply.as_deref()
     }
 
     /// The storage id of the tensor returned last: tensors of one stream
