@@ -607,8 +607,9 @@ mod tests {
 
     #[test]
     fn a_data_item_carries_its_header_length_and_encodes_the_header_as_prost_does() {
-        // The writer encodes with `encode_raw` and trusts `meta_len`: both
-        // must agree with prost's own `encode` and `encoded_len`.
+        // The writer encodes with `tensorwire_proto::header::encode` and
+        // trusts `meta_len`: both must agree with prost's own `encode` and
+        // `encoded_len`.
         let header = FrameHeader {
             kind: Some(HeaderKind::Chunk(Chunk {
                 tensor_id: 7,
