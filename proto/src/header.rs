@@ -37,37 +37,8 @@ fn varint_len(v: u64) -> usize {
 }
 
 #[inline]
-fn put_varint(buf: &mut impl BufMut, mut v: u64) {
-    while v >= 0x80 {
-        buf.put_u8(v as u8 | 0x80);
-        v >>= 7;
-    }
-    buf.put_u8(v as u8);
-}
-
-#[inline]
 fn key_len(tag: u32) -> usize {
     varint_len(u64::from(tag << 3))
-}
-
-#[inline]
-fn put_key(buf: &mut impl BufMut, tag: u32, wire: u32) {
-    put_varint(buf, u64::from(tag << 3 | wire));
-}
-
-/// A varint field's length when it is not its default (proto3 writes no
-/// default scalar).
-#[inline]
-fn uint_len(tag: u32, v: u64) -> usize {
-    if v == 0 { 0 } else { key_len(tag) + varint_len(v) }
-}
-
-#[inline]
-fn put_uint(buf: &mut impl BufMut, tag: u32, v: u64) {
-    if v != 0 {
-        put_key(buf, tag, VARINT);
-        put_varint(buf, v);
-    }
 }
 
 /// An `int32` (enum) as prost writes it: negative values sign-extended.
@@ -76,36 +47,126 @@ fn enum_value(v: i32) -> u64 {
     i64::from(v) as u64
 }
 
-#[inline]
-fn bytes_len(tag: u32, n: usize) -> usize {
-    if n == 0 { 0 } else { key_len(tag) + varint_len(n as u64) + n }
+/// Where a message's fields go: [`Len`] counts their bytes, [`Put`] writes
+/// them. One walk over the fields ([`chunk_fields`], [`info_fields`])
+/// serves both, so the length and the bytes cannot disagree. Every method
+/// skips what proto3 does not write (default scalars, empty strings and
+/// repeated fields).
+trait Sink {
+    fn uint(&mut self, tag: u32, v: u64);
+    /// An `optional uint32`: written whenever present, zero included.
+    fn opt(&mut self, tag: u32, v: Option<u32>);
+    fn bytes(&mut self, tag: u32, b: &[u8]);
+    /// A packed `repeated uint64`.
+    fn packed(&mut self, tag: u32, v: &[u64]);
+    /// A nested message of `len` bytes, whose fields `body` puts.
+    fn message(&mut self, tag: u32, len: usize, body: impl FnOnce(&mut Self));
 }
 
-#[inline]
-fn put_bytes(buf: &mut impl BufMut, tag: u32, b: &[u8]) {
-    if !b.is_empty() {
-        put_key(buf, tag, LEN);
-        put_varint(buf, b.len() as u64);
-        buf.put_slice(b);
+struct Len(usize);
+
+impl Sink for Len {
+    #[inline]
+    fn uint(&mut self, tag: u32, v: u64) {
+        if v != 0 {
+            self.0 += key_len(tag) + varint_len(v);
+        }
+    }
+
+    #[inline]
+    fn opt(&mut self, tag: u32, v: Option<u32>) {
+        if let Some(v) = v {
+            self.0 += key_len(tag) + varint_len(u64::from(v));
+        }
+    }
+
+    #[inline]
+    fn bytes(&mut self, tag: u32, b: &[u8]) {
+        self.delimited(tag, b.len());
+    }
+
+    fn packed(&mut self, tag: u32, v: &[u64]) {
+        self.delimited(tag, packed_body_len(v));
+    }
+
+    fn message(&mut self, tag: u32, len: usize, _: impl FnOnce(&mut Self)) {
+        self.0 += key_len(tag) + varint_len(len as u64) + len;
+    }
+}
+
+impl Len {
+    /// A length-delimited field of `n` bytes; none when empty.
+    #[inline]
+    fn delimited(&mut self, tag: u32, n: usize) {
+        if n > 0 {
+            self.0 += key_len(tag) + varint_len(n as u64) + n;
+        }
+    }
+}
+
+struct Put<'a, B>(&'a mut B);
+
+impl<B: BufMut> Put<'_, B> {
+    #[inline]
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.put_u8(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.0.put_u8(v as u8);
+    }
+
+    #[inline]
+    fn key(&mut self, tag: u32, wire: u32) {
+        self.varint(u64::from(tag << 3 | wire));
+    }
+}
+
+impl<B: BufMut> Sink for Put<'_, B> {
+    #[inline]
+    fn uint(&mut self, tag: u32, v: u64) {
+        if v != 0 {
+            self.key(tag, VARINT);
+            self.varint(v);
+        }
+    }
+
+    #[inline]
+    fn opt(&mut self, tag: u32, v: Option<u32>) {
+        if let Some(v) = v {
+            self.key(tag, VARINT);
+            self.varint(u64::from(v));
+        }
+    }
+
+    #[inline]
+    fn bytes(&mut self, tag: u32, b: &[u8]) {
+        if !b.is_empty() {
+            self.key(tag, LEN);
+            self.varint(b.len() as u64);
+            self.0.put_slice(b);
+        }
+    }
+
+    fn packed(&mut self, tag: u32, v: &[u64]) {
+        if !v.is_empty() {
+            self.key(tag, LEN);
+            self.varint(packed_body_len(v) as u64);
+            for &x in v {
+                self.varint(x);
+            }
+        }
+    }
+
+    fn message(&mut self, tag: u32, len: usize, body: impl FnOnce(&mut Self)) {
+        self.key(tag, LEN);
+        self.varint(len as u64);
+        body(self);
     }
 }
 
 fn packed_body_len(v: &[u64]) -> usize {
     v.iter().map(|&x| varint_len(x)).sum()
-}
-
-fn packed_len(tag: u32, v: &[u64]) -> usize {
-    if v.is_empty() { 0 } else { bytes_len(tag, packed_body_len(v)) }
-}
-
-fn put_packed(buf: &mut impl BufMut, tag: u32, v: &[u64]) {
-    if !v.is_empty() {
-        put_key(buf, tag, LEN);
-        put_varint(buf, packed_body_len(v) as u64);
-        for &x in v {
-            put_varint(buf, x);
-        }
-    }
 }
 
 /// The chunk of `h` when this module writes it (prost writes the rest).
@@ -116,49 +177,24 @@ fn by_hand(h: &FrameHeader) -> Option<&Chunk> {
     }
 }
 
-// The writers below destructure `Chunk` and `TensorInfo` without `..`: a
-// field added to the schema fails to compile here until it is written.
+// The walks destructure `Chunk` and `TensorInfo` without `..`: a field
+// added to the schema fails to compile here until it is written. Fields
+// go in field-number order, as prost writes them.
 
-fn info_body_len(i: &TensorInfo) -> usize {
+fn info_fields(i: &TensorInfo, s: &mut impl Sink) {
     let TensorInfo { dtype, shape, strides, storage_offset, device, name, metadata: _, codec, storage_id } = i;
-    uint_len(1, enum_value(*dtype))
-        + packed_len(2, shape)
-        + packed_len(3, strides)
-        + uint_len(4, *storage_offset)
-        + bytes_len(5, device.len())
-        + bytes_len(6, name.len())
-        + uint_len(8, enum_value(*codec))
-        + uint_len(9, *storage_id)
+    s.uint(1, enum_value(*dtype));
+    s.packed(2, shape);
+    s.packed(3, strides);
+    s.uint(4, *storage_offset);
+    s.bytes(5, device.as_bytes());
+    s.bytes(6, name.as_bytes());
+    s.uint(8, enum_value(*codec));
+    s.uint(9, *storage_id);
 }
 
-fn put_info(buf: &mut impl BufMut, i: &TensorInfo) {
-    let TensorInfo { dtype, shape, strides, storage_offset, device, name, metadata: _, codec, storage_id } = i;
-    put_uint(buf, 1, enum_value(*dtype));
-    put_packed(buf, 2, shape);
-    put_packed(buf, 3, strides);
-    put_uint(buf, 4, *storage_offset);
-    put_bytes(buf, 5, device.as_bytes());
-    put_bytes(buf, 6, name.as_bytes());
-    put_uint(buf, 8, enum_value(*codec));
-    put_uint(buf, 9, *storage_id);
-}
-
-/// An `optional uint32` field: written whenever present, zero included.
-#[inline]
-fn opt_len(tag: u32, v: Option<u32>) -> usize {
-    v.map_or(0, |v| key_len(tag) + varint_len(u64::from(v)))
-}
-
-#[inline]
-fn put_opt(buf: &mut impl BufMut, tag: u32, v: Option<u32>) {
-    if let Some(v) = v {
-        put_key(buf, tag, VARINT);
-        put_varint(buf, u64::from(v));
-    }
-}
-
-/// The chunk's body length and its info's (0 without one).
-fn chunk_body_len(c: &Chunk) -> (usize, usize) {
+/// The chunk's fields, its info (if any) being `info_len` bytes.
+fn chunk_fields<S: Sink>(c: &Chunk, info_len: usize, s: &mut S) {
     let Chunk {
         tensor_id,
         index,
@@ -176,31 +212,44 @@ fn chunk_body_len(c: &Chunk) -> (usize, usize) {
         ucx_put,
         chunk_crc32c,
     } = c;
-    let info_len = info.as_deref().map_or(0, info_body_len);
-    let len = uint_len(1, *tensor_id)
-        + uint_len(2, u64::from(*index))
-        + uint_len(3, *offset)
-        + uint_len(4, *total_bytes)
-        + uint_len(5, u64::from(*last))
-        + uint_len(6, enum_value(*compression))
-        + uint_len(7, u64::from(*shuffle))
-        + uint_len(8, *raw_len)
-        + info.as_ref().map_or(0, |_| key_len(CHUNK_INFO) + varint_len(info_len as u64) + info_len)
-        + opt_len(10, *crc32c)
-        + uint_len(11, *shm_segment)
-        + uint_len(12, *ucx_tag)
-        + uint_len(13, u64::from(*ucx_grant))
-        + uint_len(14, u64::from(*ucx_put))
-        + opt_len(20, *chunk_crc32c);
-    (len, info_len)
+    s.uint(1, *tensor_id);
+    s.uint(2, u64::from(*index));
+    s.uint(3, *offset);
+    s.uint(4, *total_bytes);
+    s.uint(5, u64::from(*last));
+    s.uint(6, enum_value(*compression));
+    s.uint(7, u64::from(*shuffle));
+    s.uint(8, *raw_len);
+    if let Some(i) = info {
+        s.message(CHUNK_INFO, info_len, |s| info_fields(i, s));
+    }
+    s.opt(10, *crc32c);
+    s.uint(11, *shm_segment);
+    s.uint(12, *ucx_tag);
+    s.uint(13, u64::from(*ucx_grant));
+    s.uint(14, u64::from(*ucx_put));
+    s.opt(20, *chunk_crc32c);
+}
+
+/// The chunk's body length and its info's (0 without one).
+fn chunk_body_len(c: &Chunk) -> (usize, usize) {
+    let info_len = c.info.as_deref().map_or(0, |i| {
+        let mut n = Len(0);
+        info_fields(i, &mut n);
+        n.0
+    });
+    let mut n = Len(0);
+    chunk_fields(c, info_len, &mut n);
+    (n.0, info_len)
 }
 
 /// `h.encoded_len()`, faster for chunk headers.
 pub fn encoded_len(h: &FrameHeader) -> usize {
     match by_hand(h) {
         Some(c) => {
-            let (body, _) = chunk_body_len(c);
-            key_len(FRAME_HEADER_CHUNK) + varint_len(body as u64) + body
+            let mut n = Len(0);
+            n.message(FRAME_HEADER_CHUNK, chunk_body_len(c).0, |_| {});
+            n.0
         }
         None => h.encoded_len(),
     }
@@ -214,44 +263,7 @@ pub fn encode(h: &FrameHeader, buf: &mut impl BufMut) {
         return;
     };
     let (body, info_len) = chunk_body_len(c);
-    let Chunk {
-        tensor_id,
-        index,
-        offset,
-        total_bytes,
-        last,
-        compression,
-        shuffle,
-        raw_len,
-        info,
-        crc32c,
-        shm_segment,
-        ucx_tag,
-        ucx_grant,
-        ucx_put,
-        chunk_crc32c,
-    } = c;
-    put_key(buf, FRAME_HEADER_CHUNK, LEN);
-    put_varint(buf, body as u64);
-    put_uint(buf, 1, *tensor_id);
-    put_uint(buf, 2, u64::from(*index));
-    put_uint(buf, 3, *offset);
-    put_uint(buf, 4, *total_bytes);
-    put_uint(buf, 5, u64::from(*last));
-    put_uint(buf, 6, enum_value(*compression));
-    put_uint(buf, 7, u64::from(*shuffle));
-    put_uint(buf, 8, *raw_len);
-    if let Some(i) = info {
-        put_key(buf, CHUNK_INFO, LEN);
-        put_varint(buf, info_len as u64);
-        put_info(buf, i);
-    }
-    put_opt(buf, 10, *crc32c);
-    put_uint(buf, 11, *shm_segment);
-    put_uint(buf, 12, *ucx_tag);
-    put_uint(buf, 13, u64::from(*ucx_grant));
-    put_uint(buf, 14, u64::from(*ucx_put));
-    put_opt(buf, 20, *chunk_crc32c);
+    Put(buf).message(FRAME_HEADER_CHUNK, body, |s| chunk_fields(c, info_len, s));
 }
 
 #[cfg(test)]
