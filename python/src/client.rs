@@ -226,13 +226,13 @@ impl NativeClient {
     fn exchange(&self, py: Python<'_>) -> PyResult<Exchange> {
         let c = self.live(py)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Tensor>(EXCHANGE_QUEUE);
-        let inputs = tokio_stream_from(rx);
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let inputs = exchange_inputs(rx, cancelled);
         let stream = block(py, &c, async move |c| c.exchange(inputs).await)?;
-        let (cancel, _) = tokio::sync::watch::channel(false);
         Ok(Exchange {
             client: c,
-            inputs: std::sync::Mutex::new(Some(tx)),
             stream: std::sync::Mutex::new(Some(stream)),
+            inputs: std::sync::Mutex::new(Some(tx)),
             cancel,
         })
     }
@@ -355,8 +355,21 @@ impl NativeClient {
 const EXCHANGE_QUEUE: usize = 2;
 
 /// The channel's receiver as the input stream of [`Client::exchange`].
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Tensor>) -> impl futures_util::Stream<Item = Tensor> {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// An exchange's inputs as the call's sender reads them. The inputs end
+/// cleanly only when Python finishes them: closed by a cancel, they never
+/// end (the call is being reset, and a clean end sent first would let the
+/// server finish the call as a success).
+fn exchange_inputs(
+    rx: tokio::sync::mpsc::Receiver<Tensor>,
+    cancelled: tokio::sync::watch::Receiver<bool>,
+) -> impl futures_util::Stream<Item = Tensor> {
+    futures_util::stream::unfold((rx, cancelled), |(mut rx, cancelled)| async move {
+        match rx.recv().await {
+            Some(t) => Some((t, (rx, cancelled))),
+            None if *cancelled.borrow() => std::future::pending().await,
+            None => None,
+        }
+    })
 }
 
 /// One exchange in flight: inputs pushed from Python (a feeder thread, so
@@ -364,10 +377,12 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Tensor>) -> impl future
 #[pyclass(frozen, module = "tensorwire._native")]
 pub struct Exchange {
     client: Arc<BlockingClient>,
+    /// The answers; None once they ended or the exchange was cancelled.
+    /// Declared before `inputs` so that it drops first: dropping it stops
+    /// the call's input sender, which then never sees the inputs end.
+    stream: std::sync::Mutex<Option<TensorStream>>,
     /// Where inputs go; None once the inputs are finished or cancelled.
     inputs: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<Tensor>>>,
-    /// The answers; None once they ended or the exchange was cancelled.
-    stream: std::sync::Mutex<Option<TensorStream>>,
     /// Set by `cancel()`: wakes a `next()` waiting for an answer.
     cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -404,10 +419,12 @@ impl Exchange {
     /// Cancels the exchange: the call is reset (the server sees it
     /// cancelled, never a clean end of inputs) and `next()` ends.
     fn cancel(&self, py: Python<'_>) {
+        // Set first: the input sender reads closed inputs as a cancel, not
+        // as their end, and a `next()` in flight stops and drops the answers.
         self.cancel.send_replace(true);
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
-        // Dropping the answers stops the input sender before the inputs
-        // close, so the server never sees a clean end of stream.
+        // Dropping the answers resets the call, so the server never sees a
+        // clean end of stream.
         py.detach(move || drop(stream));
         self.inputs.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -426,8 +443,11 @@ impl Exchange {
         match next {
             None => Ok(None),
             Some((stream, Ok(t))) => {
+                // Checked under the lock `cancel()` takes the answers with:
+                // a cancel either finds them back or is seen here.
+                let mut slot = self.stream.lock().unwrap_or_else(|p| p.into_inner());
                 if !*self.cancel.borrow() {
-                    *self.stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
+                    *slot = Some(stream);
                 }
                 Ok(Some(Received::new(t)))
             }
