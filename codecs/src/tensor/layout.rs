@@ -12,12 +12,15 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
 
 /// Row-major (C order) strides of `shape`, in elements.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+    // Filled from the last dimension and reversed: no zeroed allocation
+    // (`vec![0; n]` asks the allocator for zeroed memory, a slower path).
+    let mut strides = Vec::with_capacity(shape.len());
     let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
+    for &d in shape.iter().rev() {
+        strides.push(acc);
         acc = acc.saturating_mul(d.max(1));
     }
+    strides.reverse();
     strides
 }
 

@@ -10,7 +10,9 @@
 //!   the writer task sends.
 //! * **Queued**: otherwise frames go onto a queue. The writer task drains it
 //!   in batches, copying headers and small payloads into a scratch buffer
-//!   and passing large payloads by reference, in one vectored write.
+//!   and passing large payloads by reference, in one vectored write. Woken
+//!   by a frame, it first yields once, so that the tasks already ready
+//!   (other calls in flight) queue theirs into the same write.
 //!
 //! The socket itself sits in a slot that either the writer task (while it
 //! writes a batch) or a direct writer (for one syscall) holds, and a count of
@@ -444,6 +446,15 @@ pub(crate) async fn run(
         match first {
             Some(o) => batch.push(o),
             None => closing = true,
+        }
+        if !closing {
+            // Let the tasks that are ready run first: woken by the frame just
+            // queued, this task would otherwise run right after the task that
+            // queued it (a multi-thread runtime's LIFO slot) and write one
+            // call per syscall. Calls queued meanwhile share this write
+            // (64 calls in flight over unix://: writes per call 1.28 -> 0.07,
+            // calls/s ~140k -> ~200k).
+            tokio::task::yield_now().await;
         }
         while batch.len() < 512 {
             match rx.try_recv() {
