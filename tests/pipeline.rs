@@ -47,6 +47,39 @@ mod suite {
         }
     }
 
+    /// Refuses every exchanged tensor.
+    struct Refusing;
+
+    #[async_trait::async_trait]
+    impl tensorwire::TensorService for Refusing {
+        async fn process(&self, _: &tensorwire::CallContext, _: Tensor) -> Result<Vec<Tensor>, tensorwire::Status> {
+            Err(tensorwire::Status::invalid_argument("this service takes no inputs"))
+        }
+    }
+
+    /// An exchange the server fails while the caller's inputs are still
+    /// open (the next input waits for an answer that will not come): the
+    /// answers end with the server's error instead of waiting for inputs;
+    /// an input the client itself refuses (over the server's announced
+    /// limit) ends them with the client's reason.
+    pub async fn exchange_failed_by_the_server_ends_while_inputs_wait(scheme: &str) {
+        let cfg = ServerConfig { limits: Limits { max_tensor_bytes: 1024, ..Limits::default() }, ..Default::default() };
+        let (server, _dir) = start(tensorwire::Server::builder().config(cfg).service(Refusing), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        for (size, code) in [(16, Code::InvalidArgument), (4096, Code::LimitExceeded)] {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Tensor>(1);
+            let inputs = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            let mut answers = client.exchange(inputs).await.unwrap();
+            tx.send(Tensor::zeros(DType::UInt8, [size]).unwrap()).await.unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(20), answers.next()).await;
+            let e = first.expect("the answers ended").expect("an error, not an answer").unwrap_err();
+            assert_eq!(e.code(), code, "{e}");
+            assert!(tokio::time::timeout(Duration::from_secs(5), answers.next()).await.unwrap().is_none());
+        }
+        // Same connection, still serving.
+        assert!(client.health().await.unwrap());
+    }
+
     pub async fn compute_builtins(scheme: &str) {
         let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
         let client = Client::connect(&server.url()).await.unwrap();
@@ -373,7 +406,7 @@ macro_rules! transport_suite {
     ($($name:ident => $scheme:literal),* $(,)?) => {$(
         mod $name {
             use super::suite;
-            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
+            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_failed_by_the_server_ends_while_inputs_wait, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
         }
     )*};
 }

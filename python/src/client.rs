@@ -376,7 +376,6 @@ fn exchange_inputs(
 /// an input may depend on an earlier answer), answers read by `next()`.
 #[pyclass(frozen, module = "tensorwire._native")]
 pub struct Exchange {
-    client: Arc<BlockingClient>,
     /// The answers; None once they ended or the exchange was cancelled.
     /// Declared before `inputs` so that it drops first: dropping it stops
     /// the call's input sender, which then never sees the inputs end.
@@ -385,6 +384,9 @@ pub struct Exchange {
     inputs: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<Tensor>>>,
     /// Set by `cancel()`: wakes a `next()` waiting for an answer.
     cancel: tokio::sync::watch::Sender<bool>,
+    /// Declared last, so dropped last: the answers and inputs go while its
+    /// runtime still runs.
+    client: Arc<BlockingClient>,
 }
 
 #[pymethods]

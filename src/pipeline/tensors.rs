@@ -9,7 +9,7 @@ use super::storages::{self, Share};
 use super::wire::{codec_from_wire, compression_from_wire};
 use super::writer::FrameWriter;
 use crate::config::Encoding;
-use crate::error::{CallError, Status};
+use crate::error::{CallError, Code, Status};
 
 /// Tensors arriving on a call: a server handler's inputs, or a client's
 /// fetch/exchange outputs.
@@ -55,10 +55,23 @@ impl TensorStream {
         let mut r = self.step().await;
         if !matches!(r, Some(Ok(_))) {
             self.done = true;
-            if let Some(h) = self.sender.take() {
-                // A failed send explains a missing reply better than the reply does.
-                match h.await {
-                    Ok(Err(e)) if !matches!(r, Some(Err(CallError::Remote(_)))) => r = Some(Err(e)),
+            if matches!(&r, Some(Err(CallError::Remote(s))) if s.code != Code::Cancelled) {
+                // The server ended the call with its status: that is the
+                // outcome, and the inputs still to come are not needed (the
+                // sender may be waiting for an input that waits for an
+                // answer). (CANCELLED is the server seeing this side reset
+                // the stream: the sender failed, and says why below.)
+                if let Some(h) = self.sender.take() {
+                    h.abort();
+                }
+            } else if let Some(h) = self.sender.as_mut() {
+                // A failed send explains a missing reply better than the
+                // reply does. Awaited in place: if this future is dropped
+                // meanwhile, dropping the stream still stops the sender.
+                let sent = h.await;
+                self.sender = None;
+                match sent {
+                    Ok(Err(e)) => r = Some(Err(e)),
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     _ => {}
                 }
