@@ -80,6 +80,55 @@ mod suite {
         assert!(client.health().await.unwrap());
     }
 
+    /// Echoes exchanges and records how each one's inputs ended.
+    #[derive(Clone, Default)]
+    struct Recording(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+    #[async_trait::async_trait]
+    impl tensorwire::TensorService for Recording {
+        async fn exchange(
+            &self,
+            _: &tensorwire::CallContext,
+            input: &mut tensorwire::TensorStream,
+            out: &mut tensorwire::TensorSink<'_>,
+        ) -> Result<(), tensorwire::Status> {
+            while let Some(t) = input.next().await {
+                match t {
+                    Ok(t) => out.send(t).await?,
+                    Err(e) => {
+                        self.0.lock().unwrap().push("cut");
+                        return Err(e.into());
+                    }
+                }
+            }
+            self.0.lock().unwrap().push("clean end");
+            Ok(())
+        }
+    }
+
+    /// Dropping an exchange's answers before their end cancels the call:
+    /// the server sees its inputs cut, never a clean end (over QUIC a
+    /// dropped stream used to be finished).
+    pub async fn a_dropped_exchange_is_cut_not_ended(scheme: &str) {
+        let rec = Recording::default();
+        let (server, _dir) = start(tensorwire::Server::builder().service(rec.clone()), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Tensor>(1);
+        let inputs = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let mut answers = client.exchange(inputs).await.unwrap();
+        let x = Tensor::from_vec([1], vec![7u8]).unwrap();
+        tx.send(x.clone()).await.unwrap();
+        assert_same(&x, &answers.next().await.unwrap().unwrap());
+        drop(answers);
+        assert!(wait_until(Duration::from_secs(10), || !rec.0.lock().unwrap().is_empty()).await);
+        assert_eq!(*rec.0.lock().unwrap(), ["cut"]);
+        drop(tx);
+        // A finished exchange ends cleanly.
+        assert_same(&x, &client.exchange_all(vec![x.clone()]).await.unwrap()[0]);
+        assert!(wait_until(Duration::from_secs(10), || rec.0.lock().unwrap().len() == 2).await);
+        assert_eq!(*rec.0.lock().unwrap(), ["cut", "clean end"]);
+    }
+
     pub async fn compute_builtins(scheme: &str) {
         let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
         let client = Client::connect(&server.url()).await.unwrap();
@@ -406,7 +455,7 @@ macro_rules! transport_suite {
     ($($name:ident => $scheme:literal),* $(,)?) => {$(
         mod $name {
             use super::suite;
-            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_failed_by_the_server_ends_while_inputs_wait, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
+            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_failed_by_the_server_ends_while_inputs_wait, a_dropped_exchange_is_cut_not_ended, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
         }
     )*};
 }

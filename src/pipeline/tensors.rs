@@ -21,11 +21,14 @@ pub struct TensorStream {
     reply: Option<Box<v1::Reply>>,
     pending: Option<Tensor>,
     sender: Option<tokio::task::JoinHandle<Result<(), CallError>>>,
+    /// How the stream ended, while `next` waits for the sender (boxed:
+    /// needed at the end of an exchange only).
+    ending: Option<Box<Option<Result<Tensor, CallError>>>>,
 }
 
 impl TensorStream {
     pub(crate) fn new(reader: FrameReader, client_side: bool) -> Self {
-        Self { reader, client_side, done: false, reply: None, pending: None, sender: None }
+        Self { reader, client_side, done: false, reply: None, pending: None, sender: None, ending: None }
     }
 
     pub(crate) fn reader_mut(&mut self) -> &mut FrameReader {
@@ -52,31 +55,38 @@ impl TensorStream {
         if self.done {
             return None;
         }
-        let mut r = self.step().await;
-        if !matches!(r, Some(Ok(_))) {
-            self.done = true;
-            if matches!(&r, Some(Err(CallError::Remote(s))) if s.code != Code::Cancelled) {
-                // The server ended the call with its status: that is the
-                // outcome, and the inputs still to come are not needed (the
-                // sender may be waiting for an input that waits for an
-                // answer). (CANCELLED is the server seeing this side reset
-                // the stream: the sender failed, and says why below.)
-                if let Some(h) = self.sender.take() {
-                    h.abort();
-                }
-            } else if let Some(h) = self.sender.as_mut() {
-                // A failed send explains a missing reply better than the
-                // reply does. Awaited in place: if this future is dropped
-                // meanwhile, dropping the stream still stops the sender.
-                let sent = h.await;
-                self.sender = None;
-                match sent {
-                    Ok(Err(e)) => r = Some(Err(e)),
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    _ => {}
-                }
+        let mut r = match self.ending.take() {
+            Some(r) => *r,
+            None => self.step().await,
+        };
+        if matches!(r, Some(Ok(_))) {
+            return r;
+        }
+        if matches!(&r, Some(Err(CallError::Remote(s))) if s.code != Code::Cancelled) {
+            // The server ended the call with its status: that is the
+            // outcome, and the inputs still to come are not needed (the
+            // sender may be waiting for an input that waits for an answer).
+            // (CANCELLED is the server seeing this side reset the stream:
+            // the sender failed, and says why below.)
+            if let Some(h) = self.sender.take() {
+                h.abort();
+            }
+        } else if let Some(h) = self.sender.as_mut() {
+            // A failed send explains a missing reply better than the reply
+            // does. Awaited in place, the outcome kept aside: if this future
+            // is dropped meanwhile (a caller's timeout), the next call waits
+            // on, and dropping the stream still stops the sender.
+            self.ending = Some(Box::new(r));
+            let sent = h.await;
+            self.sender = None;
+            r = self.ending.take().and_then(|r| *r);
+            match sent {
+                Ok(Err(e)) => r = Some(Err(e)),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                _ => {}
             }
         }
+        self.done = true;
         r
     }
 

@@ -93,6 +93,7 @@ impl QuicConnection {
                 id,
                 wire_id,
                 wait_acked: accepted,
+                ended: false,
             }),
             Box::new(QuicRecv {
                 inner: recv,
@@ -161,12 +162,25 @@ struct QuicSend {
     /// the call ends must not discard a reply still in flight, which QUIC,
     /// unlike TCP, would.
     wait_acked: bool,
+    /// Set by `finish` (and `reset`): a stream dropped before is reset, not
+    /// finished as quinn finishes a dropped stream, so the peer never takes
+    /// a cancelled call's cut for a clean end of its inputs.
+    ended: bool,
     /// Scratch: live stripe indices.
     live: Vec<u8>,
     turn: usize,
     peer: String,
     id: u64,
     wire_id: u64,
+}
+
+impl Drop for QuicSend {
+    fn drop(&mut self) {
+        if !self.ended {
+            // The mux's code for a handle dropped before its stream ended.
+            SendStream::reset(self, crate::mux::frame::code::CANCELLED);
+        }
+    }
 }
 
 fn write_error(peer: &str, id: u64, e: quinn::WriteError) -> StreamError {
@@ -263,6 +277,7 @@ impl SendStream for QuicSend {
 
     async fn finish(&mut self) -> Result<(), StreamError> {
         // Finishing twice has nothing left to do.
+        self.ended = true;
         let _ = self.inner.finish();
         for s in self.stripes.iter_mut().flatten() {
             let _ = s.finish();
@@ -280,6 +295,7 @@ impl SendStream for QuicSend {
     }
 
     fn reset(&mut self, code: u32) {
+        self.ended = true;
         let _ = self.inner.reset(VarInt::from_u32(code));
         for s in self.stripes.iter_mut().flatten() {
             let _ = s.reset(VarInt::from_u32(code));
