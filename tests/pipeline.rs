@@ -57,12 +57,38 @@ mod suite {
         }
     }
 
-    /// An exchange the server fails while the caller's inputs are still
-    /// open (the next input waits for an answer that will not come): the
-    /// answers end with the server's error instead of waiting for inputs;
-    /// an input the client itself refuses (over the server's announced
-    /// limit) ends them with the client's reason.
-    pub async fn exchange_failed_by_the_server_ends_while_inputs_wait(scheme: &str) {
+    /// Ends every exchange at once, inputs unread.
+    struct Deaf;
+
+    #[async_trait::async_trait]
+    impl tensorwire::TensorService for Deaf {
+        async fn exchange(
+            &self,
+            _: &tensorwire::CallContext,
+            _: &mut tensorwire::TensorStream,
+            _: &mut tensorwire::TensorSink<'_>,
+        ) -> Result<(), tensorwire::Status> {
+            Ok(())
+        }
+    }
+
+    /// An exchange the server fails, or ends without reading its inputs,
+    /// while the caller's inputs are still open (the next input waits for
+    /// an answer that will not come): the answers end with the server's
+    /// error, or cleanly, instead of waiting for inputs; an input the
+    /// client itself refuses (over the server's announced limit) ends them
+    /// with the client's reason.
+    pub async fn exchange_ended_by_the_server_ends_while_inputs_wait(scheme: &str) {
+        let (deaf, _dir) = start(tensorwire::Server::builder().service(Deaf), scheme).await;
+        let client = Client::connect(&deaf.url()).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Tensor>(1);
+        let inputs = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let mut answers = client.exchange(inputs).await.unwrap();
+        tx.send(Tensor::zeros(DType::UInt8, [16]).unwrap()).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(20), answers.next()).await;
+        assert!(end.expect("the answers ended").is_none(), "a clean end");
+        drop(tx);
+
         let cfg = ServerConfig { limits: Limits { max_tensor_bytes: 1024, ..Limits::default() }, ..Default::default() };
         let (server, _dir) = start(tensorwire::Server::builder().config(cfg).service(Refusing), scheme).await;
         let client = Client::connect(&server.url()).await.unwrap();
@@ -455,7 +481,7 @@ macro_rules! transport_suite {
     ($($name:ident => $scheme:literal),* $(,)?) => {$(
         mod $name {
             use super::suite;
-            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_failed_by_the_server_ends_while_inputs_wait, a_dropped_exchange_is_cut_not_ended, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
+            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_ended_by_the_server_ends_while_inputs_wait, a_dropped_exchange_is_cut_not_ended, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
         }
     )*};
 }

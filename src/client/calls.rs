@@ -11,7 +11,7 @@ use tensorwire_transports::StreamKind;
 use super::session::{CallOptions, Client, explain, read_outputs, send_all, send_summary};
 use crate::error::{CallError, Status};
 use crate::pipeline::reader::{IntoItem, Item};
-use crate::pipeline::tensors::TensorStream;
+use crate::pipeline::tensors::{InputSender, TensorStream};
 use crate::rpc::call::{FetchRequest, SendSummary};
 
 impl Client {
@@ -170,15 +170,24 @@ impl Client {
         let s = self.session().await?;
         let (mut w, r) = self.open(&s, StreamKind::Exchange, &opts).await?;
         w.control(Kind::Request(Box::new(self.request(Method::Exchange, &opts, Instant::now()))));
-        let sender = tokio::spawn(async move {
+        let (ended, mut answers_ended) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
             let mut inputs = std::pin::pin!(inputs);
             w.flush(false).await?;
-            while let Some(t) = inputs.next().await {
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    n = inputs.next() => n,
+                    // The call is over (answered, failed or cut): inputs still
+                    // to come are not needed; `w` drops unfinished (a reset).
+                    _ = answers_ended.wait_for(|e| *e) => return Ok(()),
+                };
+                let Some(t) = next else { break };
                 w.send_tensor(&t, false).await?;
             }
             w.finish().await
         });
-        Ok(TensorStream::new(r, true).with_sender(sender))
+        Ok(TensorStream::new(r, true).with_sender(InputSender { task, ended }))
     }
 
     /// [`Client::exchange`] with a list of inputs, collecting every output.

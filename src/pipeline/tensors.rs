@@ -20,7 +20,7 @@ pub struct TensorStream {
     /// Boxed as it arrived (~0.5 KB, held by every call's future otherwise).
     reply: Option<Box<v1::Reply>>,
     pending: Option<Tensor>,
-    sender: Option<tokio::task::JoinHandle<Result<(), CallError>>>,
+    sender: Option<InputSender>,
     /// How the stream ended, while `next` waits for the sender (boxed:
     /// needed at the end of an exchange only).
     ending: Option<Box<Option<Result<Tensor, CallError>>>>,
@@ -42,8 +42,8 @@ impl TensorStream {
 
     /// Ties the task sending this call's inputs to the stream: its error
     /// is reported once the outputs end (exchange).
-    pub(crate) fn with_sender(mut self, h: tokio::task::JoinHandle<Result<(), CallError>>) -> Self {
-        self.sender = Some(h);
+    pub(crate) fn with_sender(mut self, sender: InputSender) -> Self {
+        self.sender = Some(sender);
         self
     }
 
@@ -62,16 +62,19 @@ impl TensorStream {
         if matches!(r, Some(Ok(_))) {
             return r;
         }
+        // The answers ended: a sender waiting for the caller's next input
+        // (which may wait for an answer that will not come) stops now.
+        if let Some(s) = &self.sender {
+            s.ended.send_replace(true);
+        }
         if matches!(&r, Some(Err(CallError::Remote(s))) if s.code != Code::Cancelled) {
             // The server ended the call with its status: that is the
-            // outcome, and the inputs still to come are not needed (the
-            // sender may be waiting for an input that waits for an answer).
-            // (CANCELLED is the server seeing this side reset the stream:
-            // the sender failed, and says why below.)
-            if let Some(h) = self.sender.take() {
-                h.abort();
+            // outcome. (CANCELLED is the server seeing this side reset the
+            // stream: the sender failed, and says why below.)
+            if let Some(s) = self.sender.take() {
+                s.task.abort();
             }
-        } else if let Some(h) = self.sender.as_mut() {
+        } else if let Some(h) = self.sender.as_mut().map(|s| &mut s.task) {
             // A failed send explains a missing reply better than the reply
             // does. Awaited in place, the outcome kept aside: if this future
             // is dropped meanwhile (a caller's timeout), the next call waits
@@ -81,7 +84,9 @@ impl TensorStream {
             self.sender = None;
             r = self.ending.take().and_then(|r| *r);
             match sent {
-                Ok(Err(e)) => r = Some(Err(e)),
+                // (After a clean end the call succeeded: a send cut short by
+                // it changes nothing.)
+                Ok(Err(e)) if r.is_some() => r = Some(Err(e)),
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 _ => {}
             }
@@ -144,13 +149,21 @@ impl TensorStream {
     }
 }
 
+/// The task sending an exchange's inputs.
+pub(crate) struct InputSender {
+    pub(crate) task: tokio::task::JoinHandle<Result<(), CallError>>,
+    /// Set when the answers end: the task stops waiting for inputs (it
+    /// finishes a write it is in first).
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
+}
+
 impl Drop for TensorStream {
     /// An exchange's stream dropped before its end cancels the call, inputs
     /// included: the task sending them stops (its stream is reset, so the
     /// server never mistakes the cut for a clean end of inputs).
     fn drop(&mut self) {
-        if let Some(h) = self.sender.take() {
-            h.abort();
+        if let Some(s) = self.sender.take() {
+            s.task.abort();
         }
     }
 }
