@@ -79,17 +79,20 @@ mod suite {
     /// client itself refuses (over the server's announced limit) ends them
     /// with the client's reason.
     pub async fn exchange_ended_by_the_server_ends_while_inputs_wait(scheme: &str) {
-        let (deaf, _dir) = start(tensorwire::Server::builder().service(Deaf), scheme).await;
-        let client = Client::connect(&deaf.url()).await.unwrap();
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Tensor>(1);
-        let inputs = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let mut answers = client.exchange(inputs).await.unwrap();
-        tx.send(Tensor::zeros(DType::UInt8, [16]).unwrap()).await.unwrap();
-        let end = tokio::time::timeout(Duration::from_secs(20), answers.next()).await;
-        assert!(end.expect("the answers ended").is_none(), "a clean end");
-        drop(tx);
-
         let cfg = ServerConfig { limits: Limits { max_tensor_bytes: 1024, ..Limits::default() }, ..Default::default() };
+        let (deaf, _dir) = start(tensorwire::Server::builder().config(cfg.clone()).service(Deaf), scheme).await;
+        let client = Client::connect(&deaf.url()).await.unwrap();
+        // A clean end; then the same, but this side refused its input
+        // (over the server's limit): that refusal is the outcome.
+        for (size, code) in [(16, None), (4096, Some(Code::LimitExceeded))] {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Tensor>(1);
+            let inputs = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            let mut answers = client.exchange(inputs).await.unwrap();
+            tx.send(Tensor::zeros(DType::UInt8, [size]).unwrap()).await.unwrap();
+            let end = tokio::time::timeout(Duration::from_secs(20), answers.next()).await.expect("the answers ended");
+            assert_eq!(end.map(|r| r.map(drop).unwrap_err().code()), code);
+        }
+
         let (server, _dir) = start(tensorwire::Server::builder().config(cfg).service(Refusing), scheme).await;
         let client = Client::connect(&server.url()).await.unwrap();
         for (size, code) in [(16, Code::InvalidArgument), (4096, Code::LimitExceeded)] {

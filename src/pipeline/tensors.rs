@@ -3,6 +3,7 @@
 
 use tensorwire_codecs::{CodecKind, CompressionMode, Tensor};
 use tensorwire_proto::v1::{self, frame_header::Kind};
+use tensorwire_transports::StreamError;
 
 use super::reader::{FrameReader, Item};
 use super::storages::{self, Share};
@@ -67,10 +68,21 @@ impl TensorStream {
         if let Some(s) = &self.sender {
             s.ended.send_replace(true);
         }
-        if matches!(&r, Some(Err(CallError::Remote(s))) if s.code != Code::Cancelled) {
+        let settled = match &r {
             // The server ended the call with its status: that is the
             // outcome. (CANCELLED is the server seeing this side reset the
             // stream: the sender failed, and says why below.)
+            Some(Err(CallError::Remote(s))) => s.code != Code::Cancelled,
+            // Found on this side while reading (a bad payload, memory, a
+            // limit): that is the outcome, and waiting for a sender short
+            // of credit could deadlock (the server waits for this side to
+            // read its answers).
+            Some(Err(
+                CallError::Decode(_) | CallError::OutOfMemory(_) | CallError::Limit { .. } | CallError::Timeout(_),
+            )) => true,
+            _ => false,
+        };
+        if settled {
             if let Some(s) = self.sender.take() {
                 s.task.abort();
             }
@@ -84,9 +96,10 @@ impl TensorStream {
             self.sender = None;
             r = self.ending.take().and_then(|r| *r);
             match sent {
-                // (After a clean end the call succeeded: a send cut short by
-                // it changes nothing.)
-                Ok(Err(e)) if r.is_some() => r = Some(Err(e)),
+                // (After a clean end the call succeeded: a send the peer cut
+                // short by ending it changes nothing; this side's own
+                // refusal of an input still counts.)
+                Ok(Err(e)) if r.is_some() || !cut_by_peer(&e) => r = Some(Err(e)),
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 _ => {}
             }
@@ -147,6 +160,14 @@ impl TensorStream {
     pub fn peer(&self) -> &str {
         &self.reader.peer
     }
+}
+
+/// A send that failed because the peer ended, stopped or reset the stream.
+fn cut_by_peer(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::Stream(StreamError::Stopped { .. } | StreamError::Finished { .. } | StreamError::Reset { .. })
+    )
 }
 
 /// The task sending an exchange's inputs.
