@@ -354,7 +354,6 @@ impl NativeClient {
 /// tensor's memory, so the queue is short: backpressure reaches Python).
 const EXCHANGE_QUEUE: usize = 2;
 
-/// The channel's receiver as the input stream of [`Client::exchange`].
 /// An exchange's inputs as the call's sender reads them. The inputs end
 /// cleanly only when Python finishes them: closed by a cancel, they never
 /// end (the call is being reset, and a clean end sent first would let the

@@ -208,14 +208,6 @@ impl MuxConnection {
 
     /// The next stream the peer opened, as its two halves.
     pub(crate) async fn accept_halves(&self) -> Result<(MuxSend, MuxRecv), StreamError> {
-        // A stream already waiting is handed out without the select below
-        // (which registers with the close notification and deregisters
-        // again): a busy server accepts streams that arrived together.
-        if let Ok(mut rx) = self.accept_rx.try_lock()
-            && let Ok(halves) = rx.try_recv()
-        {
-            return Ok(halves);
-        }
         let mut rx = self.accept_rx.lock().await;
         tokio::select! {
             // Streams that arrived before a close are still handed out; their
