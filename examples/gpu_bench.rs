@@ -11,7 +11,7 @@
 //!    device.
 //!
 //! ```text
-//! cargo run --release --features cuda --example gpu_bench [-- --mib 256]
+//! cargo run --release --features cuda --example gpu_bench [-- --mib 256 --chunk-mib 8]
 //! ```
 
 use std::sync::Arc;
@@ -22,8 +22,9 @@ use tensorwire::builtins::random_tensor;
 use tensorwire::cuda::{self, Gpu};
 use tensorwire::{CallContext, Client, DType, SendSummary, Server, Status, TensorService, TensorStream};
 
-/// Uploads every received tensor to the GPU.
-struct ToGpu(Arc<Gpu>);
+/// Uploads every received tensor to the GPU (or, without one, drops it:
+/// the network-only baseline).
+struct ToGpu(Option<Arc<Gpu>>);
 
 #[async_trait]
 impl TensorService for ToGpu {
@@ -33,7 +34,7 @@ impl TensorService for ToGpu {
             let t = t.map_err(Status::from)?;
             s.received += 1;
             s.bytes += t.nbytes() as u64;
-            let g = self.0.clone();
+            let Some(g) = self.0.clone() else { continue };
             tokio::task::spawn_blocking(move || g.upload(&t))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
@@ -54,6 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mib: usize = args.iter().position(|a| a == "--mib").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(256);
     let n = mib << 20;
+    let chunk = args
+        .iter()
+        .position(|a| a == "--chunk-mib")
+        .and_then(|i| args.get(i + 1)?.parse::<usize>().ok())
+        .map_or(cuda::DEFAULT_STAGING_CHUNK, |m| m << 20);
     match cuda::available() {
         Ok(0) | Err(_) => {
             println!("skipping: {}", cuda::available().err().map_or("no CUDA device".into(), |e| e.to_string()));
@@ -61,7 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(count) => println!("CUDA devices: {count}"),
     }
-    let gpu = Arc::new(Gpu::open(0)?);
+    let gpu = Arc::new(Gpu::with_staging(0, chunk)?);
+    println!("staging chunk {} MiB", chunk >> 20);
     let host = random_tensor(DType::UInt8, &[n], 1)?;
     let dev = Arc::new(gpu.upload(&host)?);
 
@@ -87,30 +94,74 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let plain = gib_s(n * reps, t.elapsed().as_secs_f64());
     println!(
-        "D2H {mib} MiB: pinned pool (chunked, double-buffered, handed out as Bytes) {pool:.2} GiB/s; one cuMemcpyDtoH into pinned memory {plain:.2} GiB/s; ratio {:.2}",
+        "D2H {mib} MiB: pinned pool (chunked, double-buffered, chunks handed out as views of the pinned buffers) {pool:.2} GiB/s; one cuMemcpyDtoH into pinned memory {plain:.2} GiB/s; ratio {:.2}",
         pool / plain
     );
     assert!(gpu.download(&dev)?.data_eq(&host), "D2H changed the data");
 
-    // 2. End to end GPU -> socket -> GPU.
+    // H2D: the staging pool (host copy overlapping the DMA) vs one plain
+    // cuMemcpyHtoD from pinned memory.
+    let t = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(gpu.upload(&host)?);
+    }
+    let up = gib_s(n * reps, t.elapsed().as_secs_f64());
+    let mut dst = stream.alloc_zeros::<u8>(n)?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        stream.memcpy_htod(&pinned, &mut dst)?;
+        stream.synchronize()?;
+    }
+    let plain_up = gib_s(n * reps, t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    for _ in 0..reps {
+        stream.memcpy_htod(host.as_bytes()?, &mut dst)?;
+        stream.synchronize()?;
+    }
+    let pageable_up = gib_s(n * reps, t.elapsed().as_secs_f64());
+    println!(
+        "H2D {mib} MiB: upload from pageable host memory through the pool {up:.2} GiB/s; one cuMemcpyHtoD of the same pageable memory {pageable_up:.2} GiB/s ({:.2}x); from pinned memory {plain_up:.2} GiB/s ({:.2}x, the bus)",
+        up / pageable_up,
+        up / plain_up
+    );
+
+    // 2. End to end: host -> wire -> dropped (the network ceiling, same
+    // run), GPU -> wire -> dropped, and GPU -> wire -> GPU.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let dir = tempfile_dir();
-    for (label, suffix) in [("unix socket", "?shm=0"), ("unix + shared memory", "")] {
-        let url = format!("unix://{}/gpu-{}.sock", dir.display(), label.len());
-        let server_gpu = gpu.clone();
-        let rate = rt.block_on(async {
-            let server = Server::builder().service(ToGpu(server_gpu)).build().start([url.as_str()]).await?;
-            let client = Client::connect(&format!("{url}{suffix}")).await?;
-            client.send_gpu(&gpu, vec![dev.clone()]).await?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                client.send_gpu(&gpu, vec![dev.clone()]).await?;
-            }
-            let r = gib_s(n * reps, t.elapsed().as_secs_f64());
-            server.shutdown().await;
-            Ok::<_, Box<dyn std::error::Error>>(r)
-        })?;
-        println!("GPU -> {label} -> GPU, {mib} MiB: {rate:.2} GiB/s");
+    for (label, listen, suffix) in [
+        ("tcp", "tcp://127.0.0.1:0?shm=0".to_string(), ""),
+        ("unix socket", format!("unix://{}/gpu-u.sock", dir.display()), "?shm=0"),
+        ("unix + shared memory", format!("unix://{}/gpu-s.sock", dir.display()), ""),
+    ] {
+        let mut rates = Vec::new();
+        for (what, server_gpu) in [("host", None), ("gpu", None), ("gpu", Some(gpu.clone()))] {
+            let r = rt.block_on(async {
+                let server = Server::builder().service(ToGpu(server_gpu)).build().start([listen.as_str()]).await?;
+                let client = Client::connect(&format!("{}{suffix}", server.url())).await?;
+                let once = async || match what {
+                    "host" => client.send(vec![host.clone()]).await.map(drop),
+                    _ => client.send_gpu(&gpu, vec![dev.clone()]).await.map(drop),
+                };
+                once().await?;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    once().await?;
+                }
+                let r = gib_s(n * reps, t.elapsed().as_secs_f64());
+                server.shutdown().await;
+                Ok::<_, Box<dyn std::error::Error>>(r)
+            })?;
+            rates.push(r);
+        }
+        println!(
+            "{label}, {mib} MiB: host -> wire {:.2} GiB/s (ceiling); GPU -> wire {:.2} GiB/s ({:.2}x); GPU -> wire -> GPU {:.2} GiB/s ({:.2}x)",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0],
+            rates[2],
+            rates[2] / rates[0]
+        );
     }
 
     // 3. CUDA IPC: a child process imports and copies device to device.

@@ -24,11 +24,13 @@
 //! Asking for a `cuda:N` tensor where there is no CUDA gives
 //! [`GpuError::NoDriver`] or [`GpuError::NoDevice`], never a panic.
 
-use std::sync::{Arc, Mutex};
+mod pinned;
 
-use crate::util::sync::lock;
+use std::sync::Arc;
+
 use bytes::Bytes;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use pinned::StagingPool;
 use tensorwire_codecs::{DType, Device, Tensor};
 
 /// Why a GPU operation failed.
@@ -75,6 +77,37 @@ pub fn available() -> Result<usize, GpuError> {
     Ok(n.max(0) as usize)
 }
 
+/// Bytes of a contiguous tensor of `dtype` and `shape`, or why it cannot be.
+fn tensor_bytes(dtype: DType, shape: &[usize]) -> Result<usize, GpuError> {
+    shape
+        .iter()
+        .try_fold(dtype.itemsize(), |n, &d| n.checked_mul(d))
+        .ok_or_else(|| GpuError::Invalid(format!("a {dtype:?} tensor of shape {shape:?} overflows the address space")))
+}
+
+/// Copies `src` into `dst` (same length) on up to four threads: one core's
+/// memcpy into pinned memory runs well below the bus (measured on an H100
+/// host: ~7 GiB/s against 50 GiB/s of DMA), so staging a large upload is
+/// the CPU's copy, not the transfer.
+fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const PART: usize = 2 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4).min(src.len() / PART).max(1);
+    if threads == 1 {
+        return dst.copy_from_slice(src);
+    }
+    let part = src.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut pairs = dst.chunks_mut(part).zip(src.chunks(part));
+        let first = pairs.next();
+        for (d, c) in pairs {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+        if let Some((d, c)) = first {
+            d.copy_from_slice(c);
+        }
+    });
+}
+
 /// Device names for service info (`cuda:0`, ...), empty without CUDA.
 pub(crate) fn device_names() -> Vec<String> {
     available().map(|n| (0..n).map(|i| format!("cuda:{i}")).collect()).unwrap_or_default()
@@ -82,7 +115,10 @@ pub(crate) fn device_names() -> Vec<String> {
 
 /// A tensor in GPU memory (contiguous, row-major).
 pub struct DeviceTensor {
+    /// At least one byte (CUDA allocates no empty buffers); `nbytes` says
+    /// how many hold the tensor.
     data: CudaSlice<u8>,
+    nbytes: usize,
     dtype: DType,
     shape: Vec<usize>,
     ordinal: usize,
@@ -100,6 +136,28 @@ impl std::fmt::Debug for DeviceTensor {
 }
 
 impl DeviceTensor {
+    /// Wraps device memory the caller filled (a kernel's output, say) as a
+    /// tensor of `dtype` and `shape`, row-major and contiguous, so it can be
+    /// sent with [`Client::send_gpu`](crate::Client::send_gpu). The slice
+    /// must hold exactly the tensor's bytes.
+    pub fn from_cuda(data: CudaSlice<u8>, dtype: DType, shape: Vec<usize>) -> Result<Self, GpuError> {
+        let nbytes = tensor_bytes(dtype, &shape)?;
+        if data.len() != nbytes {
+            return Err(GpuError::Invalid(format!(
+                "{} bytes of device memory do not hold a {dtype:?} tensor of shape {shape:?} ({nbytes} bytes)",
+                data.len()
+            )));
+        }
+        let ordinal = data.stream().context().ordinal();
+        Ok(Self { data, nbytes, dtype, shape, ordinal, name: None })
+    }
+
+    /// The device memory (at least one byte long: an empty tensor keeps a
+    /// one-byte allocation, as CUDA allocates no empty buffers).
+    pub fn cuda_slice(&self) -> &CudaSlice<u8> {
+        &self.data
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype
@@ -110,7 +168,7 @@ impl DeviceTensor {
     }
     /// Bytes of data.
     pub fn nbytes(&self) -> usize {
-        self.data.len()
+        self.nbytes
     }
     /// The device (`cuda:N`).
     pub fn device(&self) -> Device {
@@ -132,13 +190,12 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     ordinal: usize,
-    chunk: usize,
-    pool: Mutex<Vec<PinnedHostSlice<u8>>>,
+    pool: Arc<StagingPool>,
 }
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("ordinal", &self.ordinal).field("chunk", &self.chunk).finish()
+        f.debug_struct("Gpu").field("ordinal", &self.ordinal).field("chunk", &self.pool.chunk()).finish()
     }
 }
 
@@ -153,7 +210,7 @@ impl Gpu {
     }
 
     /// Opens device `ordinal` with pinned staging buffers of `chunk` bytes
-    /// (two are used at a time per copy, and kept for reuse).
+    /// (at least 4 KiB), kept for reuse.
     pub fn with_staging(ordinal: usize, chunk: usize) -> Result<Self, GpuError> {
         let count = available()?;
         if ordinal >= count {
@@ -161,28 +218,13 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.new_stream()?;
-        Ok(Self { ctx, stream, ordinal, chunk: chunk.max(4096), pool: Mutex::new(Vec::new()) })
+        let pool = StagingPool::new(ctx.clone(), chunk.max(4096));
+        Ok(Self { ctx, stream, ordinal, pool })
     }
 
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
-    }
-
-    fn take_buffer(&self) -> Result<PinnedHostSlice<u8>, GpuError> {
-        if let Some(b) = lock(&self.pool).pop() {
-            return Ok(b);
-        }
-        // SAFETY: the buffer is written by a copy before it is read.
-        // Flags 0: cached pinned memory (write-combined is slow to read).
-        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(self.chunk, 0) }?)
-    }
-
-    fn put_buffer(&self, b: PinnedHostSlice<u8>) {
-        let mut pool = lock(&self.pool);
-        if pool.len() < 4 {
-            pool.push(b);
-        }
     }
 
     /// Copies a host tensor to this GPU through the pinned buffers, the
@@ -192,28 +234,46 @@ impl Gpu {
         let src = t.as_bytes().map_err(|e| GpuError::Invalid(e.to_string()))?;
         // SAFETY: every byte is written by the copies below before use.
         let mut dst = unsafe { self.stream.alloc::<u8>(src.len().max(1)) }?;
-        let mut bufs = [self.take_buffer()?, self.take_buffer()?];
-        let mut done: [Option<cudarc::driver::CudaEvent>; 2] = [None, None];
-        for (k, off) in (0..src.len()).step_by(self.chunk).enumerate() {
-            let end = (off + self.chunk).min(src.len());
-            let i = k % 2;
-            // Wait for this buffer's previous DMA (two chunks ago) only; the
-            // other buffer's DMA keeps running while we fill this one.
-            if let Some(e) = done[i].take() {
-                e.synchronize()?;
+        let chunk = self.pool.chunk();
+        let mut bufs = [self.pool.take()?, self.pool.take()?];
+        let copied = (|| {
+            let (base, _record) = dst.device_ptr_mut(&self.stream);
+            let mut done: [Option<cudarc::driver::CudaEvent>; 2] = [None, None];
+            for (k, off) in (0..src.len()).step_by(chunk).enumerate() {
+                let len = chunk.min(src.len() - off);
+                let i = k % 2;
+                // Wait for this buffer's previous DMA (two chunks ago) only;
+                // the other buffer's DMA keeps running while this one fills.
+                if let Some(e) = done[i].take() {
+                    e.synchronize()?;
+                }
+                parallel_copy(bufs[i].bytes_mut(len), &src[off..off + len]);
+                // SAFETY: `len` bytes of the pinned buffer to `len` bytes
+                // inside the destination allocation; the buffer is not
+                // written again before this copy's event completes.
+                check(
+                    unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(base + off as u64, bufs[i].ptr().cast(), len, self.stream.cu_stream())
+                    },
+                    "cuMemcpyHtoDAsync",
+                )?;
+                done[i] = Some(self.stream.record_event(None)?);
             }
-            let b = &mut bufs[i];
-            b.as_mut_slice()?[..end - off].copy_from_slice(&src[off..end]);
-            let staged: &[u8] = &b.as_slice()?[..end - off];
-            self.stream.memcpy_htod(staged, &mut dst.slice_mut(off..end))?;
-            done[i] = Some(self.stream.record_event(None)?);
+            self.stream.synchronize()?;
+            Ok::<_, GpuError>(())
+        })();
+        match copied {
+            // Every copy has completed: the buffers are free again.
+            Ok(()) => bufs.into_iter().for_each(|b| self.pool.put(b)),
+            // A copy may still be in flight: wait before freeing them.
+            Err(_) => {
+                let _ = self.stream.synchronize();
+            }
         }
-        self.stream.synchronize()?;
-        for b in bufs {
-            self.put_buffer(b);
-        }
+        copied?;
         Ok(DeviceTensor {
             data: dst,
+            nbytes: src.len(),
             dtype: t.dtype(),
             shape: t.shape().to_vec(),
             ordinal: self.ordinal,
@@ -221,33 +281,61 @@ impl Gpu {
         })
     }
 
-    /// Copies a device tensor to host memory, chunk by chunk, handing each
-    /// chunk to `each` while the next is being copied (double-buffered).
+    /// Copies a device tensor to host memory chunk by chunk (the next
+    /// chunk's DMA runs while `each` handles this one). Each chunk is a view
+    /// of a pinned staging buffer, not a copy: the buffer returns to the
+    /// pool when the last view drops, so a caller that keeps chunks keeps
+    /// pinned memory (and the pool allocates more meanwhile).
     pub fn download_chunks(
         &self,
         d: &DeviceTensor,
         mut each: impl FnMut(Bytes) -> Result<(), GpuError>,
     ) -> Result<(), GpuError> {
         let n = d.nbytes();
-        let mut bufs = [self.take_buffer()?, self.take_buffer()?];
-        let starts: Vec<usize> = (0..n).step_by(self.chunk).collect();
-        let span = |off: usize| off..(off + self.chunk).min(n);
-        if let Some(&first) = starts.first() {
-            self.stream.memcpy_dtoh(&d.data.slice(span(first)), &mut bufs[0])?;
-        }
-        for (k, &off) in starts.iter().enumerate() {
-            if let Some(&next) = starts.get(k + 1) {
-                self.stream.memcpy_dtoh(&d.data.slice(span(next)), &mut bufs[(k + 1) % 2])?;
+        let chunk = self.pool.chunk();
+        let (base, _record) = d.data.device_ptr(&self.stream);
+        // Up to two copies in flight: (buffer, length, its copy's event).
+        let mut in_flight = std::collections::VecDeque::with_capacity(2);
+        let issue = |off: usize| -> Result<_, GpuError> {
+            let len = chunk.min(n - off);
+            let buf = self.pool.take()?;
+            // SAFETY: `len` bytes inside the device allocation into a free
+            // pinned buffer of at least `len` bytes, read only after the
+            // event recorded next completes.
+            let r = check(
+                unsafe { sys::cuMemcpyDtoHAsync_v2(buf.ptr().cast(), base + off as u64, len, self.stream.cu_stream()) },
+                "cuMemcpyDtoHAsync",
+            )
+            .and_then(|()| Ok(self.stream.record_event(None)?));
+            match r {
+                Ok(e) => Ok((buf, len, e)),
+                Err(e) => {
+                    // The copy may have been queued: let it finish before
+                    // the buffer is freed.
+                    let _ = self.stream.synchronize();
+                    Err(e)
+                }
             }
-            let r = span(off);
-            // Waits for chunk k's copy only; chunk k+1's runs meanwhile.
-            let chunk = Bytes::copy_from_slice(&bufs[k % 2].as_slice()?[..r.len()]);
-            each(chunk)?;
+        };
+        let mut offsets = (0..n).step_by(chunk);
+        for off in offsets.by_ref().take(2) {
+            in_flight.push_back(issue(off)?);
         }
-        for b in bufs {
-            self.put_buffer(b);
+        let handed = (|| {
+            while let Some((buf, len, event)) = in_flight.pop_front() {
+                event.synchronize()?;
+                if let Some(off) = offsets.next() {
+                    in_flight.push_back(issue(off)?);
+                }
+                each(self.pool.hand_out(buf, len))?;
+            }
+            Ok(())
+        })();
+        if handed.is_err() && !in_flight.is_empty() {
+            // Copies may still run into the buffers about to be freed.
+            let _ = self.stream.synchronize();
         }
-        Ok(())
+        handed
     }
 
     /// Copies a device tensor to a host [`Tensor`] (labelled `cpu`).
@@ -267,13 +355,32 @@ impl Gpu {
 
     /// Exports a device tensor for another process on this host. Keep the
     /// returned guard until the importer has dropped its [`IpcImport`].
+    ///
+    /// Memory from CUDA's stream-ordered allocator (which [`Gpu::upload`]
+    /// and most frameworks use) cannot be exported itself; such a tensor
+    /// is copied device to device into a plain allocation that the guard
+    /// owns, and that copy is what the importer sees.
     pub fn ipc_export(&self, d: Arc<DeviceTensor>) -> Result<IpcExport, GpuError> {
-        let (ptr, _sync) = d.data.device_ptr(&self.stream);
+        let (ptr, sync) = d.data.device_ptr(&self.stream);
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: ptr is a live allocation of this context; handle is plain data.
-        check(unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) }, "cuIpcGetMemHandle")?;
+        let copy = if unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) } == sys::CUresult::CUDA_SUCCESS {
+            None
+        } else {
+            let copy = DeviceAlloc::new(&self.ctx, d.nbytes.max(1))?;
+            // SAFETY: both are live device allocations of at least `nbytes`.
+            check(
+                unsafe { sys::cuMemcpyDtoDAsync_v2(copy.ptr, ptr, d.nbytes, self.stream.cu_stream()) },
+                "cuMemcpyDtoDAsync",
+            )?;
+            self.stream.synchronize()?;
+            // SAFETY: as above, for the plain allocation.
+            check(unsafe { sys::cuIpcGetMemHandle(&mut handle, copy.ptr) }, "cuIpcGetMemHandle")?;
+            Some(copy)
+        };
+        drop(sync);
         let bytes: [u8; 64] = handle.reserved.map(|c| c as u8);
-        Ok(IpcExport { handle: bytes, tensor: d.clone() })
+        Ok(IpcExport { handle: bytes, tensor: d, _copy: copy })
     }
 
     /// Opens a tensor another process exported (same host, device-to-device).
@@ -284,7 +391,7 @@ impl Gpu {
         shape: Vec<usize>,
         nbytes: usize,
     ) -> Result<IpcImport, GpuError> {
-        if shape.iter().product::<usize>().checked_mul(dtype.itemsize()) != Some(nbytes) {
+        if tensor_bytes(dtype, &shape)? != nbytes {
             return Err(GpuError::Invalid(format!("{nbytes} bytes do not hold a {dtype:?} tensor of shape {shape:?}")));
         }
         self.ctx.bind_to_thread()?;
@@ -310,7 +417,14 @@ impl Gpu {
             )?;
         }
         self.stream.synchronize()?;
-        Ok(DeviceTensor { data: dst, dtype: i.dtype, shape: i.shape.clone(), ordinal: self.ordinal, name: None })
+        Ok(DeviceTensor {
+            data: dst,
+            nbytes: i.nbytes,
+            dtype: i.dtype,
+            shape: i.shape.clone(),
+            ordinal: self.ordinal,
+            name: None,
+        })
     }
 
     /// Page-locks `buf` (which the caller owns) so copies to and from it
@@ -338,6 +452,33 @@ pub struct IpcExport {
     /// The 64-byte `cudaIpcMemHandle_t`.
     pub handle: [u8; 64],
     tensor: Arc<DeviceTensor>,
+    /// The exportable copy, where the tensor's own memory was not.
+    _copy: Option<DeviceAlloc>,
+}
+
+/// A plain (`cuMemAlloc`) device allocation, which CUDA IPC can export.
+struct DeviceAlloc {
+    ptr: sys::CUdeviceptr,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceAlloc {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
+        ctx.bind_to_thread()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the driver writes the address of a new allocation.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len) }, "cuMemAlloc")?;
+        Ok(Self { ptr, ctx: ctx.clone() })
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemAlloc, freed once, after the copy into
+        // it was synchronized.
+        let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
 }
 
 impl IpcExport {
@@ -355,6 +496,24 @@ pub struct IpcImport {
     dtype: DType,
     shape: Vec<usize>,
     ctx: Arc<CudaContext>,
+}
+
+impl std::fmt::Debug for IpcImport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcImport").field("dtype", &self.dtype).field("shape", &self.shape).finish()
+    }
+}
+
+impl std::fmt::Debug for IpcExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcExport").field("tensor", &self.tensor).finish()
+    }
+}
+
+impl std::fmt::Debug for HostRegistration<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRegistration").field("bytes", &self.buf.len()).finish()
+    }
 }
 
 impl Drop for IpcImport {
@@ -402,6 +561,16 @@ mod tests {
     }
 
     #[test]
+    fn parallel_copy_is_exact_at_every_split() {
+        for n in [0usize, 1, (2 << 20) - 1, 2 << 20, (4 << 20) + 1, (8 << 20) + 3, 24 << 20] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 31 + i / 4099) as u8).collect();
+            let mut dst = vec![0u8; n];
+            parallel_copy(&mut dst, &src);
+            assert!(dst == src, "{n} bytes");
+        }
+    }
+
+    #[test]
     fn no_cuda_is_a_clear_error_not_a_panic() {
         match available() {
             Ok(n) => eprintln!("CUDA present with {n} device(s)"),
@@ -414,13 +583,17 @@ mod tests {
     #[test]
     fn upload_download_round_trip_through_the_pinned_pool() {
         let Some(g) = gpu() else { return };
-        let g = Gpu::with_staging(g.ordinal(), 1 << 20).unwrap();
+        let small = Gpu::with_staging(g.ordinal(), 1 << 20).unwrap();
         for n in [1usize, (1 << 20) - 1, 1 << 20, (5 << 20) + 3] {
             let t = crate::rpc::builtins::random_tensor(DType::UInt8, &[n], n as u64).unwrap();
-            let d = g.upload(&t).unwrap();
-            let back = g.download(&d).unwrap();
+            let d = small.upload(&t).unwrap();
+            let back = small.download(&d).unwrap();
             assert!(back.data_eq(&t), "{n} bytes");
         }
+        // Default chunks: each staged by several threads (parallel_copy).
+        let n = (3 * DEFAULT_STAGING_CHUNK) + 12345;
+        let t = crate::rpc::builtins::random_tensor(DType::UInt8, &[n], 9).unwrap();
+        assert!(g.download(&g.upload(&t).unwrap()).unwrap().data_eq(&t));
     }
 
     #[test]

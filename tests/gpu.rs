@@ -1,0 +1,229 @@
+//! GPU tensors end to end (feature `cuda`), on a machine with an NVIDIA
+//! GPU: uploads and downloads through the pinned staging pool at every
+//! size around a chunk boundary (empty tensors too), `send_gpu` and
+//! `fetch_to_gpu` against a storing server on every same-host transport,
+//! a limit refused mid-send, an abandoned send, a caller's buffer
+//! page-locked, device memory of the caller's own, and CUDA IPC between
+//! two processes. Without a driver or device each test says why it skips.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tensorwire::builtins::random_tensor;
+use tensorwire::cuda::{self, DeviceTensor, Gpu, GpuError};
+use tensorwire::{Client, DType, FetchRequest, Limits, ServerConfig, Tensor};
+
+/// Environment variables that make `ipc_child_process` act (the parent
+/// test runs this binary again with them set).
+const CHILD_HANDLE: &str = "TENSORWIRE_TEST_IPC_HANDLE";
+const CHILD_BYTES: &str = "TENSORWIRE_TEST_IPC_BYTES";
+
+/// cuda:0 with small staging chunks (so modest tensors cross many chunk
+/// boundaries), or `None` after saying why GPU tests skip here.
+fn gpu(chunk: usize) -> Option<Arc<Gpu>> {
+    match cuda::available() {
+        Ok(n) if n > 0 => Some(Arc::new(Gpu::with_staging(0, chunk).expect("cuda:0 opens"))),
+        Ok(_) => {
+            eprintln!("skipping GPU test: the driver reports no device");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+const CHUNK: usize = 1 << 20;
+
+fn gpu_samples() -> Vec<Tensor> {
+    let mut v = Vec::new();
+    for (i, n) in [1usize, CHUNK - 1, CHUNK, CHUNK + 1, 5 * CHUNK + 3].into_iter().enumerate() {
+        v.push(random_tensor(DType::UInt8, &[n], i as u64).unwrap().with_name(format!("u8-{n}")));
+    }
+    v.push(random_tensor(DType::Float32, &[0, 4], 10).unwrap().with_name("empty"));
+    v.push(random_tensor(DType::BFloat16, &[3, 5, 7], 11).unwrap().with_name("bf16"));
+    v.push(random_tensor(DType::Float64, &[257, 129], 12).unwrap().transpose(0, 1).unwrap().with_name("transposed"));
+    v.push(random_tensor(DType::Float32, &[16, 1 << 20], 13).unwrap().with_name("64mib"));
+    v
+}
+
+#[test]
+fn upload_download_bit_exact_around_chunk_boundaries() {
+    let Some(g) = gpu(CHUNK) else { return };
+    for t in gpu_samples() {
+        let d = g.upload(&t).unwrap();
+        assert_eq!(d.nbytes(), t.nbytes(), "{:?}", t.name());
+        assert_eq!(d.shape(), t.shape());
+        assert_eq!(d.name(), t.name());
+        let back = g.download(&d).unwrap();
+        assert_same(&t.contiguous().unwrap(), &back);
+        let mut chunks = 0;
+        g.download_chunks(&d, |c| {
+            assert!(c.len() <= CHUNK && !c.is_empty());
+            chunks += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(chunks, t.nbytes().div_ceil(CHUNK));
+    }
+}
+
+#[test]
+fn a_missing_device_is_an_error_not_a_panic() {
+    let Some(_g) = gpu(CHUNK) else { return };
+    let n = cuda::available().unwrap();
+    match Gpu::open(n) {
+        Err(GpuError::NoDevice { ordinal, count }) => assert_eq!((ordinal, count), (n, n)),
+        other => panic!("cuda:{n} on a machine with {n} devices: {other:?}"),
+    }
+}
+
+/// Device memory the caller allocated and filled is sent as it is; a slice
+/// of the wrong size is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_memory_of_the_callers_own_is_sent() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let t = random_tensor(DType::Float32, &[1000, 3], 21).unwrap();
+    let slice = stream.clone_htod(t.as_bytes().unwrap()).unwrap();
+    let e = DeviceTensor::from_cuda(stream.clone_htod(&[0u8; 12]).unwrap(), DType::Float32, vec![4]).unwrap_err();
+    assert!(e.to_string().contains("do not hold"), "{e}");
+    let d = DeviceTensor::from_cuda(slice, DType::Float32, vec![1000, 3]).unwrap().with_name("own");
+    let (server, _dir) = start(store_server(ServerConfig::default()), "tcp").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let s = client.send_gpu(&g, vec![Arc::new(d)]).await.unwrap();
+    assert_eq!(s.bytes, 12000);
+    assert_same(&t, &client.fetch_one("own").await.unwrap());
+}
+
+/// GPU → wire → store, then store → wire → GPU, compared bit for bit on
+/// the host, over every same-host transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_gpu_and_fetch_to_gpu_on_every_transport() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let samples = gpu_samples();
+    let on_gpu: Vec<Arc<DeviceTensor>> = samples.iter().map(|t| Arc::new(g.upload(t).unwrap())).collect();
+    let total: usize = samples.iter().map(Tensor::nbytes).sum();
+    for scheme in ["tcp", "unix", "shm", "quic", "grpc"] {
+        let (server, _dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let url = match scheme {
+            "unix" => format!("{}?shm=0", server.url()),
+            _ => server.url(),
+        };
+        let client = Client::connect(&url).await.unwrap();
+        let s = client.send_gpu(&g, on_gpu.clone()).await.unwrap_or_else(|e| panic!("{scheme}: {e}"));
+        assert_eq!((s.received, s.bytes), (samples.len() as u64, total as u64), "{scheme}");
+        for t in &samples {
+            let name = t.name().unwrap();
+            assert_same(&t.contiguous().unwrap(), &client.fetch_one(name).await.unwrap());
+            let mut back = client.fetch_to_gpu(&g, FetchRequest::name(name)).await.unwrap();
+            assert_eq!(back.len(), 1, "{scheme} {name}");
+            let d = back.pop().unwrap();
+            assert_eq!((d.dtype(), d.shape(), d.nbytes()), (t.dtype(), t.shape(), t.nbytes()), "{scheme} {name}");
+            assert_same(&t.contiguous().unwrap(), &g.download(&d).unwrap());
+        }
+        server.shutdown().await;
+    }
+}
+
+/// A tensor over the server's limit fails the send with the limit named;
+/// the GPU's staging pool and the connection both keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_gpu_send_is_a_clear_error_and_the_next_one_works() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let cfg = ServerConfig { limits: Limits { max_tensor_bytes: 4 << 20, ..Limits::default() }, ..Default::default() };
+    let (server, _dir) = start(store_server(cfg), "tcp").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let big = random_tensor(DType::UInt8, &[16 << 20], 31).unwrap().with_name("big");
+    let d = Arc::new(g.upload(&big).unwrap());
+    let e = client.send_gpu(&g, vec![d]).await.unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("limit"), "{e}");
+    let small = random_tensor(DType::UInt8, &[3 << 20], 32).unwrap().with_name("small");
+    client.send_gpu(&g, vec![Arc::new(g.upload(&small).unwrap())]).await.unwrap();
+    assert_same(&small, &client.fetch_one("small").await.unwrap());
+}
+
+/// A send the caller gives up on (its future dropped mid-tensor) stops the
+/// device copies and leaves the client and the GPU usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_gpu_send_stops_and_the_next_one_works() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let (server, _dir) = start(store_server(ServerConfig::default()), "tcp").await;
+    let client = Client::connect(&server.url()).await.unwrap();
+    let big = random_tensor(DType::UInt8, &[256 << 20], 41).unwrap().with_name("big");
+    let d = Arc::new(g.upload(&big).unwrap());
+    let r = tokio::time::timeout(Duration::from_millis(20), client.send_gpu(&g, vec![d.clone()])).await;
+    assert!(r.is_err(), "256 MiB sent in under 20 ms; the test needs a slower send");
+    let after = random_tensor(DType::UInt8, &[CHUNK + 5], 42).unwrap().with_name("after");
+    client.send_gpu(&g, vec![Arc::new(g.upload(&after).unwrap())]).await.unwrap();
+    assert_same(&after, &client.fetch_one("after").await.unwrap());
+    // The abandoned tensor never landed whole.
+    assert!(client.fetch_one("big").await.is_err());
+}
+
+#[test]
+fn a_callers_buffer_is_page_locked_and_released() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let mut buf = vec![7u8; 16 << 20];
+    {
+        let mut reg = g.register_host(&mut buf).unwrap();
+        reg.buffer()[0] = 9;
+    }
+    // Released on drop: registering again works.
+    let reg = g.register_host(&mut buf).unwrap();
+    drop(reg);
+    assert_eq!(buf[0], 9);
+}
+
+/// CUDA IPC: this process exports a device tensor, a child process (this
+/// test binary again) imports it, copies it device to device and prints
+/// its checksum.
+#[test]
+fn ipc_between_two_processes() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let t = random_tensor(DType::UInt8, &[(32 << 20) + 7], 51).unwrap();
+    let d = Arc::new(g.upload(&t).unwrap());
+    let export = match g.ipc_export(d) {
+        Ok(e) => e,
+        Err(e) => return eprintln!("skipping: CUDA IPC is not supported here: {e}"),
+    };
+    let hex: String = export.handle.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "ipc_child_process", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_HANDLE, hex)
+        .env(CHILD_BYTES, t.nbytes().to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let want = format!("ipc crc32c {:08x}", t.crc32c().unwrap());
+    assert!(stdout.contains(&want), "child printed {stdout:?}, expected {want:?}");
+    drop(export);
+}
+
+/// The importing side of `ipc_between_two_processes`; does nothing unless
+/// that test runs it.
+#[test]
+fn ipc_child_process() {
+    let (Ok(hex), Ok(n)) = (std::env::var(CHILD_HANDLE), std::env::var(CHILD_BYTES)) else { return };
+    let n: usize = n.parse().unwrap();
+    let g = Gpu::open(0).unwrap();
+    let mut handle = [0u8; 64];
+    for (i, b) in handle.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let bad = g.ipc_import(&handle, DType::Float32, vec![n], n).unwrap_err();
+    assert!(bad.to_string().contains("do not hold"), "{bad}");
+    let imported = g.ipc_import(&handle, DType::UInt8, vec![n], n).unwrap();
+    let copy = g.copy_imported(&imported).unwrap();
+    drop(imported);
+    let host = g.download(&copy).unwrap();
+    println!("ipc crc32c {:08x}", host.crc32c().unwrap());
+}
