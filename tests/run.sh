@@ -34,7 +34,7 @@ if cargo nextest --version >/dev/null 2>&1; then
   echo "== 500 concurrent clients on each of tcp, tcps, unix, quic, grpc (ignored by default: slow)"
   cargo nextest run --features fuzzing --test concurrency --run-ignored only --no-fail-fast --test-threads 1
   echo "== GPU code (feature cuda): builds everywhere; tests skip with a reason where there is no CUDA"
-  cargo nextest run -p tensorwire --features cuda --lib --no-fail-fast -E 'test(cuda::) | test(pipeline::)'
+  cargo nextest run -p tensorwire --features cuda --lib --test gpu --no-fail-fast -E 'test(cuda::) | test(pipeline::) | binary(gpu)'
   cargo build --features cuda --example gpu_bench
 else
   cargo test --workspace --features fuzzing "$@"
