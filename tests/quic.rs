@@ -163,6 +163,93 @@ mod striping {
         (url, task)
     }
 
+    /// A frame head naming stripe `stripe`, with a `len`-byte payload (the
+    /// primary stream's framing: stripe and header length, payload length,
+    /// header).
+    fn striped_head(stripe: u8, len: u32) -> Vec<u8> {
+        let h = frame(0, 0).header;
+        let meta = tensorwire_proto::header::encoded_len(&h) as u32;
+        let mut out = Vec::new();
+        out.extend_from_slice(&((u32::from(stripe) << 24) | meta).to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+        tensorwire_proto::header::encode(&h, &mut out);
+        out
+    }
+
+    /// A stream cut while a striped payload was being sent: its header has
+    /// reached the receiver on the primary stream, the stripe's stream ends
+    /// short (a cut sender finishes its stripe streams, since resetting them
+    /// could discard their opening bytes and leave the receiver waiting),
+    /// and the primary is reset. The receiver must report the reset, not a
+    /// protocol error. A raw QUIC client makes the order certain.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_send_cut_mid_stripe_is_reported_as_a_reset() {
+        let ep = Endpoint::parse("quic://127.0.0.1:0").unwrap();
+        let mut l = transports::listen(&ep, &TransportConfig::default()).await.unwrap();
+        let url = l.local_endpoint();
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let _server = tokio::spawn(async move {
+            while let Ok(conn) = l.accept().await {
+                let seen_tx = seen_tx.clone();
+                tokio::spawn(async move {
+                    while let Ok(mut inc) = conn.accept().await {
+                        let seen_tx = seen_tx.clone();
+                        tokio::spawn(async move {
+                            let mut frames = 0;
+                            let outcome = loop {
+                                match inc.recv.recv().await {
+                                    Ok(Some(_)) => frames += 1,
+                                    Ok(None) => break format!("finished after {frames} frames"),
+                                    Err(e) => break e.to_string(),
+                                }
+                            };
+                            let _ = seen_tx.send(outcome);
+                        });
+                    }
+                });
+            }
+        });
+        let tls = TlsConfig { pin_sha256: url.query("pin-sha256").map(str::to_string), ..Default::default() };
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let dial = async |alpn: &[u8]| {
+            let rustls_cfg = transports::tls::client_config(&tls, &[alpn]).unwrap();
+            let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls_cfg).unwrap();
+            let cfg = quinn::ClientConfig::new(std::sync::Arc::new(crypto));
+            endpoint.connect_with(cfg, url.authority().parse().unwrap(), "localhost").unwrap().await.unwrap()
+        };
+        let control = async |c: &quinn::Connection, magic: &[u8], n: u8| {
+            let mut s = c.open_uni().await.unwrap();
+            s.write_all(&[magic, &[0x42; 16], &[n]].concat()).await.unwrap();
+            s.finish().unwrap();
+        };
+        let primary = dial(tensorwire_transports::quic::ALPN).await;
+        control(&primary, b"TWG1", 2).await;
+        let stripe = dial(STRIPE_ALPN).await;
+        control(&stripe, b"TWJ1", 1).await;
+        // A whole striped frame first: once it arrives, the stripe is joined.
+        let (mut s, _r) = primary.open_bi().await.unwrap();
+        s.write_all(&striped_head(1, 4)).await.unwrap();
+        let mut st = stripe.open_uni().await.unwrap();
+        st.write_all(&u64::from(quinn::VarInt::from(s.id())).to_le_bytes()).await.unwrap();
+        st.write_all(b"four").await.unwrap();
+        st.finish().unwrap();
+        s.finish().unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(30), seen.recv()).await.unwrap().unwrap();
+        assert_eq!(first, "finished after 1 frames");
+        // Now a payload cut short on its stripe, then the primary's reset.
+        let (mut s, _r) = primary.open_bi().await.unwrap();
+        s.write_all(&striped_head(1, 1 << 20)).await.unwrap();
+        let mut st = stripe.open_uni().await.unwrap();
+        st.write_all(&u64::from(quinn::VarInt::from(s.id())).to_le_bytes()).await.unwrap();
+        st.write_all(&[7; 1000]).await.unwrap();
+        st.finish().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.reset(quinn::VarInt::from_u32(8)).unwrap();
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(30), seen.recv()).await.unwrap().unwrap();
+        assert!(outcome.contains("reset"), "ended with {outcome:?} after {:?}", started.elapsed());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn payloads_spread_over_every_stripe_and_frames_stay_in_order() {
         let (url, _server) = echo_listener().await;

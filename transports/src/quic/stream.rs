@@ -22,7 +22,7 @@ use prost::Message;
 use quinn::VarInt;
 
 use super::errors::conn_error;
-use super::group::{Group, STRIPE_MIN_PAYLOAD};
+use super::group::{CONTROL_TIMEOUT, Group, STRIPE_MIN_PAYLOAD};
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
     StreamError, StreamKind, TransportConfig,
@@ -261,12 +261,15 @@ impl SendStream for QuicSend {
                 }
                 continue;
             }
-            // Headers stay in order on the primary; this payload goes on stripe s.
+            // The stripe's stream is opened before its first header goes
+            // out, so a header on the primary always has its stream (see
+            // `reset`). Headers stay in order on the primary; this payload
+            // goes on stripe s.
+            self.stripe(s).await?;
             self.inner.write_all_chunks(&mut chunks).await.map_err(|e| write_error(&self.peer, self.id, e))?;
             chunks.clear();
-            let (peer, id) = (self.peer.clone(), self.id);
-            let stripe = self.stripe(s).await?;
-            stripe.write_chunk(f.payload).await.map_err(|e| write_error(&peer, id, e))?;
+            let stripe = self.stripes[usize::from(s)].as_mut().expect("opened above");
+            stripe.write_chunk(f.payload).await.map_err(|e| write_error(&self.peer, self.id, e))?;
         }
         self.inner.write_all_chunks(&mut chunks).await.map_err(|e| write_error(&self.peer, self.id, e))?;
         if fin {
@@ -294,11 +297,17 @@ impl SendStream for QuicSend {
         Ok(())
     }
 
+    /// Resets the primary stream; the stripe streams are finished instead:
+    /// a reset would discard what they have not sent yet, their opening
+    /// bytes (the stream's id) too, and a receiver that already read a
+    /// header naming the stripe would wait for a stream that never comes.
+    /// Finished, they arrive cut short, and the receiver reports the
+    /// primary's reset.
     fn reset(&mut self, code: u32) {
         self.ended = true;
         let _ = self.inner.reset(VarInt::from_u32(code));
         for s in self.stripes.iter_mut().flatten() {
-            let _ = s.reset(VarInt::from_u32(code));
+            let _ = s.finish();
         }
     }
 
@@ -377,26 +386,76 @@ async fn read_payload(r: &mut quinn::RecvStream, len: usize, peer: &str, id: u64
 }
 
 impl QuicRecv {
-    /// The stream payloads of stripe `s` arrive on.
-    async fn source(&mut self, s: u8) -> Result<&mut quinn::RecvStream, StreamError> {
-        if s == 0 {
-            return Ok(&mut self.inner);
+    /// `e` (a stripe stream that failed), or the reset of this stream that
+    /// explains it: the primary is read (the stream is broken either way)
+    /// until its reset arrives, for at most the stripes' control timeout.
+    async fn reset_or(&mut self, e: StreamError) -> StreamError {
+        if !matches!(e, StreamError::Protocol { .. }) {
+            return e;
         }
-        let i = usize::from(s);
-        if i >= self.group.size() {
-            return Err(StreamError::Protocol {
-                peer: self.peer.clone(),
-                reason: format!("a payload on stripe {s}, but the connection has {} stripes", self.group.size()),
-            });
+        let reset = tokio::time::timeout(CONTROL_TIMEOUT, async {
+            loop {
+                match self.inner.read_chunk(usize::MAX, true).await {
+                    Err(quinn::ReadError::Reset(code)) => return Some(code),
+                    // More on the primary than a cut sender leaves: read on.
+                    Ok(Some(_)) => continue,
+                    _ => return None,
+                }
+            }
+        });
+        match reset.await {
+            Ok(Some(code)) => {
+                StreamError::Reset { peer: self.peer.clone(), stream: self.id, code: code.into_inner() as u32 }
+            }
+            _ => e,
         }
-        if self.stripes.len() <= i {
-            self.stripes.resize_with(i + 1, || None);
-        }
-        if self.stripes[i].is_none() {
-            self.stripes[i] = Some(self.group.take(self.wire_id, s, &self.peer).await?);
-        }
-        Ok(self.stripes[i].as_mut().expect("taken above"))
     }
+}
+
+/// The stream on which the payloads of stripe `s` (≥ 1) of the logical
+/// stream `wire_id` arrive, waited for on first use.
+async fn stripe_source<'a>(
+    stripes: &'a mut Vec<Option<quinn::RecvStream>>,
+    group: &Group,
+    wire_id: u64,
+    s: u8,
+    peer: &str,
+) -> Result<&'a mut quinn::RecvStream, StreamError> {
+    let i = usize::from(s);
+    if i >= group.size() {
+        return Err(StreamError::Protocol {
+            peer: peer.to_string(),
+            reason: format!("a payload on stripe {s}, but the connection has {} stripes", group.size()),
+        });
+    }
+    if stripes.len() <= i {
+        stripes.resize_with(i + 1, || None);
+    }
+    if stripes[i].is_none() {
+        stripes[i] = Some(group.take(wire_id, s, peer).await?);
+    }
+    Ok(stripes[i].as_mut().expect("taken above"))
+}
+
+/// Reads a frame's `len`-byte payload from `src`: into the placement
+/// buffer at `place`, or as bytes.
+async fn read_frame_payload(
+    src: &mut quinn::RecvStream,
+    place: Option<(Placement, u64)>,
+    len: usize,
+    peer: &str,
+    id: u64,
+) -> Result<Payload, StreamError> {
+    Ok(match place {
+        Some((p, off)) => {
+            let mut g = p.lock().await;
+            let dst = &mut g[off as usize..off as usize + len];
+            src.read_exact(dst).await.map_err(|e| exact_error(peer, id, e, "payload"))?;
+            Payload::Placed { offset: off, len }
+        }
+        None if len == 0 => Payload::Bytes(Bytes::new()),
+        None => Payload::Bytes(read_payload(src, len, peer, id).await?),
+    })
 }
 
 #[async_trait]
@@ -432,16 +491,17 @@ impl RecvStream for QuicRecv {
             (Some(p), Some((tid, off))) if p.accepts(tid, off, len) => Some((p.clone(), off)),
             _ => None,
         };
-        let src = self.source(stripe).await?;
-        let payload = match place {
-            Some((p, off)) => {
-                let mut g = p.lock().await;
-                let dst = &mut g[off as usize..off as usize + len];
-                src.read_exact(dst).await.map_err(|e| exact_error(&peer, id, e, "payload"))?;
-                Payload::Placed { offset: off, len }
+        let payload = if stripe == 0 {
+            read_frame_payload(&mut self.inner, place, len, &peer, id).await?
+        } else {
+            let src = stripe_source(&mut self.stripes, &self.group, self.wire_id, stripe, &peer).await?;
+            match read_frame_payload(src, place, len, &peer, id).await {
+                Ok(p) => p,
+                // A sender cut short finishes its stripe streams (so they
+                // always arrive, see `QuicSend::reset`) and resets this one:
+                // a stripe that ended early is explained by that reset.
+                Err(e) => return Err(self.reset_or(e).await),
             }
-            None if len == 0 => Payload::Bytes(Bytes::new()),
-            None => Payload::Bytes(read_payload(src, len, &peer, id).await?),
         };
         Ok(Some(Received { header, payload }))
     }
