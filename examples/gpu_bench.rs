@@ -2,10 +2,16 @@
 //!
 //! 1. device→host of 256 MiB through the pinned staging pool (chunked,
 //!    double-buffered) next to one plain `cuMemcpyDtoH` of the whole tensor
-//!    into pinned memory;
-//! 2. end to end GPU → Unix socket → GPU (and over shared memory): the
-//!    client sends a device tensor with `Client::send_gpu`, the server
-//!    uploads what it receives to its GPU;
+//!    into pinned memory, and host→device through the pool (`Gpu::upload`)
+//!    next to one plain `cuMemcpyHtoD` of the same pageable memory and one
+//!    from pinned memory;
+//! 2. end to end over tcp, a Unix socket and shared memory: the same
+//!    tensor sent from host memory to a server that drops it (the
+//!    network's ceiling in this run), sent from the GPU with
+//!    `Client::send_gpu` to that server, to a server that uploads what it
+//!    receives (`Gpu::upload`), and to one that receives each tensor
+//!    straight into a page-locked buffer (`TensorStream::next_into`) and
+//!    copies it up in one DMA (`Gpu::upload_pinned`);
 //! 3. CUDA IPC between two processes: this program re-runs itself as a
 //!    child that imports the parent's device buffer and copies it device to
 //!    device.
@@ -19,17 +25,30 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use tensorwire::builtins::random_tensor;
-use tensorwire::cuda::{self, Gpu};
+use tensorwire::cuda::{self, Gpu, PinnedBuffer};
 use tensorwire::{CallContext, Client, DType, SendSummary, Server, Status, TensorService, TensorStream};
 
 /// Uploads every received tensor to the GPU (or, without one, drops it:
-/// the network-only baseline).
-struct ToGpu(Option<Arc<Gpu>>);
+/// the network-only baseline). With a landing buffer, each tensor is
+/// received straight into it (page-locked) and copied up in one DMA.
+struct ToGpu(Option<Arc<Gpu>>, Option<tokio::sync::Mutex<PinnedBuffer>>);
 
 #[async_trait]
 impl TensorService for ToGpu {
     async fn send(&self, _ctx: &CallContext, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
         let mut s = SendSummary::default();
+        if let (Some(g), Some(landing)) = (&self.0, &self.1) {
+            let mut buf = landing.lock().await;
+            while let Some(info) = tensors.next_into(&mut buf, None).await {
+                let info = info.map_err(Status::from)?;
+                s.received += 1;
+                s.bytes += buf.len() as u64;
+                let dtype = info.dtype.unwrap_or(DType::UInt8);
+                tokio::task::block_in_place(|| g.upload_pinned(&buf, dtype, info.shape))
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            }
+            return Ok(s);
+        }
         while let Some(t) = tensors.next().await {
             let t = t.map_err(Status::from)?;
             s.received += 1;
@@ -135,9 +154,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("unix + shared memory", format!("unix://{}/gpu-s.sock", dir.display()), ""),
     ] {
         let mut rates = Vec::new();
-        for (what, server_gpu) in [("host", None), ("gpu", None), ("gpu", Some(gpu.clone()))] {
+        for (what, server_gpu, landing) in [
+            ("host", None, false),
+            ("gpu", None, false),
+            ("gpu", Some(gpu.clone()), false),
+            ("gpu", Some(gpu.clone()), true),
+        ] {
+            let landing = if landing { Some(tokio::sync::Mutex::new(gpu.pinned(n)?)) } else { None };
             let r = rt.block_on(async {
-                let server = Server::builder().service(ToGpu(server_gpu)).build().start([listen.as_str()]).await?;
+                let service = ToGpu(server_gpu, landing);
+                let server = Server::builder().service(service).build().start([listen.as_str()]).await?;
                 let client = Client::connect(&format!("{}{suffix}", server.url())).await?;
                 let once = async || match what {
                     "host" => client.send(vec![host.clone()]).await.map(drop),
@@ -155,12 +181,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rates.push(r);
         }
         println!(
-            "{label}, {mib} MiB: host -> wire {:.2} GiB/s (ceiling); GPU -> wire {:.2} GiB/s ({:.2}x); GPU -> wire -> GPU {:.2} GiB/s ({:.2}x)",
+            "{label}, {mib} MiB: host -> wire {:.2} GiB/s (ceiling); GPU -> wire {:.2} GiB/s ({:.2}x); GPU -> wire -> GPU {:.2} GiB/s ({:.2}x); GPU -> wire -> pinned buffer (next_into) -> GPU {:.2} GiB/s ({:.2}x)",
             rates[0],
             rates[1],
             rates[1] / rates[0],
             rates[2],
-            rates[2] / rates[0]
+            rates[2] / rates[0],
+            rates[3],
+            rates[3] / rates[0]
         );
     }
 

@@ -2,7 +2,8 @@
 //! GPU: uploads and downloads through the pinned staging pool at every
 //! size around a chunk boundary (empty tensors too), `send_gpu` and
 //! `fetch_to_gpu` against a storing server on every same-host transport,
-//! a limit refused mid-send, an abandoned send, a caller's buffer
+//! a handler landing tensors in pinned memory of its own (`next_into`,
+//! `upload_pinned`), a limit refused mid-send, an abandoned send, a caller's buffer
 //! page-locked, device memory of the caller's own, and CUDA IPC between
 //! two processes. Without a driver or device each test says why it skips.
 
@@ -128,6 +129,65 @@ async fn send_gpu_and_fetch_to_gpu_on_every_transport() {
             let d = back.pop().unwrap();
             assert_eq!((d.dtype(), d.shape(), d.nbytes()), (t.dtype(), t.shape(), t.nbytes()), "{scheme} {name}");
             assert_same(&t.contiguous().unwrap(), &g.download(&d).unwrap());
+        }
+        server.shutdown().await;
+    }
+}
+
+/// Receives each tensor into a page-locked buffer of the handler's own,
+/// then uploads it in one DMA; keeps what reached the GPU.
+struct LandOnGpu {
+    gpu: Arc<Gpu>,
+    landing: tokio::sync::Mutex<cuda::PinnedBuffer>,
+    got: Arc<std::sync::Mutex<Vec<DeviceTensor>>>,
+}
+
+#[async_trait::async_trait]
+impl tensorwire::TensorService for LandOnGpu {
+    async fn send(
+        &self,
+        _: &tensorwire::CallContext,
+        tensors: &mut tensorwire::TensorStream,
+    ) -> Result<tensorwire::SendSummary, tensorwire::Status> {
+        let mut buf = self.landing.lock().await;
+        let mut s = tensorwire::SendSummary::default();
+        while let Some(info) = tensors.next_into(&mut buf, None).await {
+            let info = info.map_err(tensorwire::Status::from)?;
+            let d = self
+                .gpu
+                .upload_pinned(&buf, info.dtype.unwrap(), info.shape)
+                .map_err(|e| tensorwire::Status::internal(e.to_string()))?;
+            self.got.lock().unwrap().push(d);
+            s.received += 1;
+        }
+        Ok(s)
+    }
+}
+
+/// GPU → wire → a server's page-locked buffer → its GPU, on the transports
+/// that place chunks differently (socket reads, shared memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_lands_tensors_in_pinned_memory_and_uploads_them() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let t = random_tensor(DType::BFloat16, &[3, (5 << 20) + 1], 61).unwrap();
+    let e = g.upload_pinned(&g.pinned(10).unwrap(), DType::Float32, vec![3]).unwrap_err();
+    assert!(e.to_string().contains("do not hold"), "{e}");
+    for scheme in ["tcp", "unix", "shm"] {
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let service = LandOnGpu {
+            gpu: g.clone(),
+            landing: tokio::sync::Mutex::new(g.pinned(t.nbytes()).unwrap()),
+            got: got.clone(),
+        };
+        let builder = tensorwire::Server::builder().service(service);
+        let (server, _dir) = start(builder, scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let d = Arc::new(g.upload(&t).unwrap());
+        client.send_gpu(&g, vec![d.clone(), d]).await.unwrap_or_else(|e| panic!("{scheme}: {e}"));
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        assert_eq!(got.len(), 2, "{scheme}");
+        for d in &got {
+            assert_same(&t, &g.download(d).unwrap());
         }
         server.shutdown().await;
     }

@@ -452,6 +452,70 @@ mod suite {
         assert!(client.health().await.unwrap());
     }
 
+    /// A `send` handler that knows its tensors' size receives each straight
+    /// into one buffer of its own (`TensorStream::next_into`), and keeps a
+    /// copy of what landed there.
+    struct IntoOwnBuffer {
+        len: usize,
+        landed: Landed,
+    }
+
+    /// Each tensor's name and bytes, as they landed.
+    type Landed = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, Vec<u8>)>>>;
+
+    #[async_trait::async_trait]
+    impl tensorwire::TensorService for IntoOwnBuffer {
+        async fn send(
+            &self,
+            _: &tensorwire::CallContext,
+            tensors: &mut tensorwire::TensorStream,
+        ) -> Result<tensorwire::SendSummary, tensorwire::Status> {
+            let mut buf = vec![0u8; self.len];
+            let mut s = tensorwire::SendSummary::default();
+            while let Some(info) = tensors.next_into(&mut buf, Some(DType::Float32)).await {
+                let info = info.map_err(tensorwire::Status::from)?;
+                self.landed.lock().unwrap().push((info.name, buf.clone()));
+                s.received += 1;
+                s.bytes += buf.len() as u64;
+            }
+            Ok(s)
+        }
+    }
+
+    pub async fn send_handler_receives_into_its_own_buffer(scheme: &str) {
+        let len = 4 * 300_001;
+        let landed = Landed::default();
+        let service = IntoOwnBuffer { len, landed: std::sync::Arc::clone(&landed) };
+        let (server, _dir) = start(tensorwire::Server::builder().service(service), scheme).await;
+        let client = Client::connect(&server.url()).await.unwrap();
+        let sent: Vec<Tensor> =
+            (0..3).map(|i| random_tensor(DType::Float32, &[300_001], i).unwrap().with_name(format!("t{i}"))).collect();
+        let s = client.send(sent.clone()).await.unwrap();
+        assert_eq!((s.received, s.bytes), (3, 3 * len as u64));
+        {
+            let got = landed.lock().unwrap();
+            assert_eq!(got.len(), 3);
+            for (t, (name, bytes)) in sent.iter().zip(got.iter()) {
+                assert_eq!(name.as_deref(), t.name());
+                assert!(bytes.as_slice() == t.as_bytes().unwrap(), "{:?} landed changed", t.name());
+            }
+        }
+        // The wrong dtype, the wrong size: refused with the reason, before
+        // anything is written; the connection keeps serving.
+        for (bad, why) in [
+            (random_tensor(DType::Int32, &[300_001], 9).unwrap(), "is int32"),
+            (random_tensor(DType::Float32, &[300_000], 9).unwrap(), "has 1200000 bytes, the buffer 1200004"),
+        ] {
+            let e = client.send(vec![bad]).await.unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+            assert!(matches!(&e, CallError::Remote(s) if s.code == Code::InvalidArgument), "{e:?}");
+        }
+        assert_eq!(landed.lock().unwrap().len(), 3);
+        let again = random_tensor(DType::Float32, &[300_001], 10).unwrap();
+        client.send(vec![again.clone()]).await.unwrap();
+        assert!(landed.lock().unwrap()[3].1.as_slice() == again.as_bytes().unwrap());
+    }
+
     /// Progress counts every payload byte once, as chunks move, at any chunk
     /// size (here 64 KiB: a tensor of many chunks, one of one chunk).
     pub async fn progress_counts_every_payload_byte(scheme: &str) {
@@ -484,7 +548,7 @@ macro_rules! transport_suite {
     ($($name:ident => $scheme:literal),* $(,)?) => {$(
         mod $name {
             use super::suite;
-            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_ended_by_the_server_ends_while_inputs_wait, a_dropped_exchange_is_cut_not_ended, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte);
+            suite_tests!($scheme; send_then_fetch_every_sample, exchange_echoes_in_order, exchange_ended_by_the_server_ends_while_inputs_wait, a_dropped_exchange_is_cut_not_ended, compute_builtins, sixty_four_concurrent_calls, handler_errors_are_typed_and_the_connection_survives, compressed_and_checksummed_transfers, torch_and_safetensors_codecs_on_the_wire, bad_input_gets_clear_errors_and_the_server_keeps_serving, blocking_client_and_fetch_by_shape, progress_counts_every_payload_byte, send_handler_receives_into_its_own_buffer);
         }
     )*};
 }

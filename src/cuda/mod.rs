@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+pub use pinned::PinnedBuffer;
 use pinned::StagingPool;
 use tensorwire_codecs::{DType, Device, Tensor};
 
@@ -279,6 +280,40 @@ impl Gpu {
             ordinal: self.ordinal,
             name: t.name().map(str::to_string),
         })
+    }
+
+    /// A page-locked host buffer of `len` bytes (zeroed), to receive
+    /// tensors into and upload with [`Gpu::upload_pinned`].
+    pub fn pinned(&self, len: usize) -> Result<PinnedBuffer, GpuError> {
+        let mut b = PinnedBuffer::new(&self.ctx, len)?;
+        b.fill(0);
+        Ok(b)
+    }
+
+    /// Copies `src` (a whole tensor of `dtype` and `shape`, row-major) to
+    /// this GPU in one DMA, with no staging copy; returns once it is there.
+    pub fn upload_pinned(&self, src: &PinnedBuffer, dtype: DType, shape: Vec<usize>) -> Result<DeviceTensor, GpuError> {
+        let nbytes = tensor_bytes(dtype, &shape)?;
+        if nbytes != src.len() {
+            return Err(GpuError::Invalid(format!(
+                "{} bytes of pinned memory do not hold a {dtype:?} tensor of shape {shape:?} ({nbytes} bytes)",
+                src.len()
+            )));
+        }
+        // SAFETY: fully written by the copy below before it is used.
+        let mut dst = unsafe { self.stream.alloc::<u8>(nbytes.max(1)) }?;
+        {
+            let (dptr, _record) = dst.device_ptr_mut(&self.stream);
+            // SAFETY: `nbytes` of a live pinned buffer into a device
+            // allocation of at least that size; the buffer is borrowed until
+            // the copy has completed (synchronized below).
+            check(
+                unsafe { sys::cuMemcpyHtoDAsync_v2(dptr, src.buf.ptr().cast(), nbytes, self.stream.cu_stream()) },
+                "cuMemcpyHtoDAsync",
+            )?;
+        }
+        self.stream.synchronize()?;
+        Ok(DeviceTensor { data: dst, nbytes, dtype, shape, ordinal: self.ordinal, name: None })
     }
 
     /// Copies a device tensor to host memory chunk by chunk (the next

@@ -1,16 +1,38 @@
 //! The handles users see on a call: [`TensorStream`] (tensors arriving)
 //! and [`TensorSink`] (where a server handler writes the tensors it returns).
 
-use tensorwire_codecs::{CodecKind, CompressionMode, Tensor};
+use tensorwire_codecs::{CodecKind, CompressionMode, DType, Tensor, TensorInfo};
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::StreamError;
 
-use super::reader::{FrameReader, Item};
+use super::reader::{FrameReader, IntoItem, Item};
 use super::storages::{self, Share};
 use super::wire::{codec_from_wire, compression_from_wire};
 use super::writer::FrameWriter;
 use crate::config::Encoding;
 use crate::error::{CallError, Code, Status};
+
+/// Copies a tensor already read (a gRPC call's first) into `dst`, on the
+/// terms of [`TensorStream::next_into`].
+fn copy_into(t: &Tensor, dst: &mut [u8], want: Option<DType>) -> Result<TensorInfo, CallError> {
+    let refuse = |why: String| CallError::InvalidArgument(format!("cannot receive into the given buffer: {why}"));
+    if want.is_some_and(|w| w != t.dtype()) {
+        return Err(refuse(format!("the tensor is {}, the buffer holds {}", t.dtype(), want.unwrap_or(t.dtype()))));
+    }
+    let c = t.contiguous().map_err(|e| refuse(e.to_string()))?;
+    let b = c.as_bytes().map_err(|e| refuse(e.to_string()))?;
+    if b.len() != dst.len() {
+        return Err(refuse(format!(
+            "the tensor (shape {:?}, {}) has {} bytes, the buffer {}",
+            t.shape(),
+            t.dtype(),
+            b.len(),
+            dst.len()
+        )));
+    }
+    dst.copy_from_slice(b);
+    Ok(TensorInfo::of(t))
+}
 
 /// Tensors arriving on a call: a server handler's inputs, or a client's
 /// fetch/exchange outputs.
@@ -56,13 +78,51 @@ impl TensorStream {
         if self.done {
             return None;
         }
-        let mut r = match self.ending.take() {
+        let r = match self.ending.take() {
             Some(r) => *r,
             None => self.step().await,
         };
         if matches!(r, Some(Ok(_))) {
             return r;
         }
+        self.end(r).await
+    }
+
+    /// The next tensor written straight into `dst`, memory the caller owns
+    /// (a reused buffer, a page-locked region a GPU copies from): no
+    /// receive buffer is allocated, chunks land at their offsets as they
+    /// arrive. The tensor must arrive raw (not compressed), contiguous, of
+    /// exactly `dst.len()` bytes and, when `dtype` is given, of that dtype;
+    /// otherwise this fails with [`CallError::InvalidArgument`] before a
+    /// byte is written, and the stream is over (the rest of that tensor is
+    /// not read: end the call). Returns the tensor's header (dtype, shape,
+    /// name), or None at the end of the stream.
+    pub async fn next_into(&mut self, dst: &mut [u8], dtype: Option<DType>) -> Option<Result<TensorInfo, CallError>> {
+        if let Some(t) = self.pending.take() {
+            return Some(copy_into(&t, dst, dtype));
+        }
+        if self.done {
+            return None;
+        }
+        let r = match self.ending.take() {
+            Some(r) => *r,
+            None => match self.reader.next_into(dst, dtype).await {
+                Ok(IntoItem::Tensor(info)) => return Some(Ok(info)),
+                Ok(IntoItem::End) => self.after(Item::End).await,
+                Ok(IntoItem::Control(h)) => self.after(Item::Control(h)).await,
+                Err(e) => Some(Err(e)),
+            },
+        };
+        match self.end(r).await {
+            Some(Ok(_)) => Some(Err(self.reader.protocol("a tensor after the stream ended"))),
+            Some(Err(e)) => Some(Err(e)),
+            None => None,
+        }
+    }
+
+    /// The stream ended with `r` (an error or None): settles the call's
+    /// outcome with the input sender of an exchange, if any.
+    async fn end(&mut self, mut r: Option<Result<Tensor, CallError>>) -> Option<Result<Tensor, CallError>> {
         // The answers ended: a sender waiting for the caller's next input
         // (which may wait for an answer that will not come) stops now.
         if let Some(s) = &self.sender {
@@ -110,12 +170,20 @@ impl TensorStream {
 
     async fn step(&mut self) -> Option<Result<Tensor, CallError>> {
         match self.reader.next().await {
-            Ok(Item::Tensor(t)) => Some(Ok(t)),
-            Ok(Item::End) if self.client_side && self.reply.is_none() => {
+            Ok(item) => self.after(item).await,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// What `item`, read from the stream, means for its caller.
+    async fn after(&mut self, item: Item) -> Option<Result<Tensor, CallError>> {
+        match item {
+            Item::Tensor(t) => Some(Ok(t)),
+            Item::End if self.client_side && self.reply.is_none() => {
                 Some(Err(self.reader.protocol("the server ended the call without a reply")))
             }
-            Ok(Item::End) => None,
-            Ok(Item::Control(h)) => match h.kind {
+            Item::End => None,
+            Item::Control(h) => match h.kind {
                 Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),
                 Some(Kind::Reply(r)) if self.client_side => {
                     self.reply = Some(r);
@@ -127,7 +195,6 @@ impl TensorStream {
                 }
                 _ => Some(Err(self.reader.protocol(format!("unexpected {} frame among tensors", h.kind_name())))),
             },
-            Err(e) => Some(Err(e)),
         }
     }
 
