@@ -24,48 +24,18 @@
 //! Asking for a `cuda:N` tensor where there is no CUDA gives
 //! [`GpuError::NoDriver`] or [`GpuError::NoDevice`], never a panic.
 
+mod error;
 mod pinned;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+pub use error::GpuError;
+use error::check;
 pub use pinned::PinnedBuffer;
 use pinned::StagingPool;
 use tensorwire_codecs::{DType, Device, Tensor};
-
-/// Why a GPU operation failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GpuError {
-    /// No CUDA driver library on this machine.
-    #[error("CUDA is not available: {0}")]
-    NoDriver(String),
-    /// The driver is there but the device is not.
-    #[error("no CUDA device cuda:{ordinal} (this machine has {count})")]
-    NoDevice {
-        /// The device asked for.
-        ordinal: usize,
-        /// Devices present.
-        count: usize,
-    },
-    /// A driver call failed.
-    #[error("CUDA driver error: {0}")]
-    Driver(String),
-    /// Sizes or shapes that do not fit.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl From<cudarc::driver::DriverError> for GpuError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        GpuError::Driver(e.to_string())
-    }
-}
-
-fn check(r: sys::CUresult, what: &str) -> Result<(), GpuError> {
-    if r == sys::CUresult::CUDA_SUCCESS { Ok(()) } else { Err(GpuError::Driver(format!("{what}: {r:?}"))) }
-}
 
 /// Number of CUDA devices, or why there are none. Never panics: the driver
 /// library is looked for before cudarc touches it.

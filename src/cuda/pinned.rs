@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use cudarc::driver::{CudaContext, sys};
 
-use super::{GpuError, check};
+use super::error::{GpuError, check};
 use crate::util::sync::lock;
 
 /// Staging buffers kept for reuse beyond those in use; more are allocated
