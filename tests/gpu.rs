@@ -73,6 +73,19 @@ fn upload_download_bit_exact_around_chunk_boundaries() {
         .unwrap();
         assert_eq!(chunks, t.nbytes().div_ceil(CHUNK));
     }
+    // A consumer that stops after two chunks (copies still in flight): the
+    // error comes back, and the staging buffers stay usable.
+    let t = random_tensor(DType::UInt8, &[5 * CHUNK + 3], 9).unwrap();
+    let d = g.upload(&t).unwrap();
+    let mut seen = 0;
+    let e = g
+        .download_chunks(&d, |_| {
+            seen += 1;
+            if seen == 2 { Err(GpuError::Invalid("enough".into())) } else { Ok(()) }
+        })
+        .unwrap_err();
+    assert_eq!(e.to_string(), "enough");
+    assert_same(&t, &g.download(&d).unwrap());
 }
 
 #[test]
@@ -102,6 +115,23 @@ async fn device_memory_of_the_callers_own_is_sent() {
     let s = client.send_gpu(&g, vec![Arc::new(d)]).await.unwrap();
     assert_eq!(s.bytes, 12000);
     assert_same(&t, &client.fetch_one("own").await.unwrap());
+
+    // Filled by an async copy still running on a stream of the caller's
+    // (non-blocking, so nothing orders it with the GPU's copy stream): the
+    // send waits for it. 64 MiB from pinned memory, sent at once.
+    let own = ctx.new_stream().unwrap();
+    let big = random_tensor(DType::UInt8, &[64 << 20], 22).unwrap().with_name("filled");
+    for round in 0..3 {
+        // SAFETY: written in full below before any read.
+        let mut host = unsafe { ctx.alloc_pinned::<u8>(big.nbytes()) }.unwrap();
+        host.as_mut_slice().unwrap().copy_from_slice(big.as_bytes().unwrap());
+        let mut dev = own.alloc_zeros::<u8>(big.nbytes()).unwrap();
+        own.memcpy_htod(&host, &mut dev).unwrap();
+        let d = DeviceTensor::from_cuda(dev, DType::UInt8, vec![big.nbytes()]).unwrap().with_name("filled");
+        client.send_gpu(&g, vec![Arc::new(d)]).await.unwrap();
+        let back = client.fetch_one("filled").await.unwrap();
+        assert_eq!(back.crc32c().unwrap(), big.crc32c().unwrap(), "round {round}: the send read the memory early");
+    }
 }
 
 /// GPU → wire → store, then store → wire → GPU, compared bit for bit on

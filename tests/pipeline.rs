@@ -514,6 +514,20 @@ mod suite {
         let again = random_tensor(DType::Float32, &[300_001], 10).unwrap();
         client.send(vec![again.clone()]).await.unwrap();
         assert!(landed.lock().unwrap()[3].1.as_slice() == again.as_bytes().unwrap());
+
+        // The answers of an exchange whose inputs never end, the first one
+        // refused by the buffer it should land in: the refusal ends the call
+        // (the inputs stop), nothing is written.
+        let (echo, _echo_dir) = start(store_server(ServerConfig::default()), scheme).await;
+        let client = Client::connect(&echo.url()).await.unwrap();
+        let big = random_tensor(DType::Float32, &[1 << 18], 11).unwrap();
+        let mut answers = client.exchange(futures_util::stream::repeat(big)).await.unwrap();
+        let mut small = [0u8; 16];
+        let r = tokio::time::timeout(Duration::from_secs(30), answers.next_into(&mut small, None)).await;
+        let e = r.expect("a refusal, not a hang").expect("an outcome").unwrap_err();
+        assert!(e.to_string().contains("has 1048576 bytes, the buffer 16"), "{e}");
+        assert_eq!(small, [0u8; 16]);
+        assert!(answers.next().await.is_none());
     }
 
     /// Progress counts every payload byte once, as chunks move, at any chunk

@@ -110,7 +110,9 @@ impl DeviceTensor {
     /// Wraps device memory the caller filled (a kernel's output, say) as a
     /// tensor of `dtype` and `shape`, row-major and contiguous, so it can be
     /// sent with [`Client::send_gpu`](crate::Client::send_gpu). The slice
-    /// must hold exactly the tensor's bytes.
+    /// must hold exactly the tensor's bytes. Reads of it wait for the work
+    /// queued on the slice's own stream when they start (work queued on
+    /// other streams is the caller's to finish first).
     pub fn from_cuda(data: CudaSlice<u8>, dtype: DType, shape: Vec<usize>) -> Result<Self, GpuError> {
         let nbytes = tensor_bytes(dtype, &shape)?;
         if data.len() != nbytes {
@@ -123,8 +125,9 @@ impl DeviceTensor {
         Ok(Self { data, nbytes, dtype, shape, ordinal, name: None })
     }
 
-    /// The device memory (at least one byte long: an empty tensor keeps a
-    /// one-byte allocation, as CUDA allocates no empty buffers).
+    /// The device memory: [`DeviceTensor::nbytes`] long, or one byte for an
+    /// empty tensor made by [`Gpu::upload`] (CUDA allocates no empty
+    /// buffers).
     pub fn cuda_slice(&self) -> &CudaSlice<u8> {
         &self.data
     }
@@ -167,6 +170,22 @@ pub struct Gpu {
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gpu").field("ordinal", &self.ordinal).field("chunk", &self.pool.chunk()).finish()
+    }
+}
+
+/// Copies into pinned buffers that may still be running: dropped (however
+/// the download ends), it waits for them, so their buffers are never freed
+/// under a DMA.
+struct InFlight<'a> {
+    copies: std::collections::VecDeque<(pinned::Pinned, usize, cudarc::driver::CudaEvent)>,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.copies.is_empty() {
+            let _ = self.stream.synchronize();
+        }
     }
 }
 
@@ -298,9 +317,12 @@ impl Gpu {
     ) -> Result<(), GpuError> {
         let n = d.nbytes();
         let chunk = self.pool.chunk();
+        // Raw driver calls below: this thread needs the context, and this
+        // stream must wait for whatever the tensor's own stream still has
+        // queued (a caller's kernel filling a `from_cuda` tensor).
+        self.ctx.bind_to_thread()?;
+        self.stream.join(d.data.stream())?;
         let (base, _record) = d.data.device_ptr(&self.stream);
-        // Up to two copies in flight: (buffer, length, its copy's event).
-        let mut in_flight = std::collections::VecDeque::with_capacity(2);
         let issue = |off: usize| -> Result<_, GpuError> {
             let len = chunk.min(n - off);
             let buf = self.pool.take()?;
@@ -322,25 +344,22 @@ impl Gpu {
                 }
             }
         };
+        // Up to two copies in flight: (buffer, length, its copy's event).
+        // However this ends (an error, `each` failing or panicking), the
+        // guard waits for them before their buffers are freed.
+        let mut in_flight = InFlight { copies: std::collections::VecDeque::with_capacity(2), stream: &self.stream };
         let mut offsets = (0..n).step_by(chunk);
         for off in offsets.by_ref().take(2) {
-            in_flight.push_back(issue(off)?);
+            in_flight.copies.push_back(issue(off)?);
         }
-        let handed = (|| {
-            while let Some((buf, len, event)) = in_flight.pop_front() {
-                event.synchronize()?;
-                if let Some(off) = offsets.next() {
-                    in_flight.push_back(issue(off)?);
-                }
-                each(self.pool.hand_out(buf, len))?;
+        while let Some((buf, len, event)) = in_flight.copies.pop_front() {
+            event.synchronize()?;
+            if let Some(off) = offsets.next() {
+                in_flight.copies.push_back(issue(off)?);
             }
-            Ok(())
-        })();
-        if handed.is_err() && !in_flight.is_empty() {
-            // Copies may still run into the buffers about to be freed.
-            let _ = self.stream.synchronize();
+            each(self.pool.hand_out(buf, len))?;
         }
-        handed
+        Ok(())
     }
 
     /// Copies a device tensor to a host [`Tensor`] (labelled `cpu`).
@@ -362,10 +381,13 @@ impl Gpu {
     /// returned guard until the importer has dropped its [`IpcImport`].
     ///
     /// Memory from CUDA's stream-ordered allocator (which [`Gpu::upload`]
-    /// and most frameworks use) cannot be exported itself; such a tensor
-    /// is copied device to device into a plain allocation that the guard
-    /// owns, and that copy is what the importer sees.
+    /// uses) cannot be exported itself: when the driver refuses the
+    /// tensor's own memory, it is copied device to device into a plain
+    /// allocation that the guard owns, and the importer sees that copy (a
+    /// snapshot: later writes on either side are not shared).
     pub fn ipc_export(&self, d: Arc<DeviceTensor>) -> Result<IpcExport, GpuError> {
+        self.ctx.bind_to_thread()?;
+        self.stream.join(d.data.stream())?;
         let (ptr, sync) = d.data.device_ptr(&self.stream);
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: ptr is a live allocation of this context; handle is plain data.

@@ -143,7 +143,8 @@ impl FrameReader {
         }
     }
 
-    async fn read_tensor(&mut self, mut first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
+    /// Refuses one tensor more than `max_tensors_per_call`.
+    fn check_count(&self) -> Result<(), CallError> {
         if self.tensors >= u64::from(self.limits.max_tensors_per_call) {
             return Err(CallError::Limit {
                 what: "tensors in one call (max_tensors_per_call)",
@@ -151,6 +152,11 @@ impl FrameReader {
                 limit: self.limits.max_tensors_per_call.into(),
             });
         }
+        Ok(())
+    }
+
+    async fn read_tensor(&mut self, mut first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
+        self.check_count()?;
         let step = self.asm.push(&mut first, p0).map_err(|e| self.chunk_error(e))?;
         self.count_progress(first.raw_len);
         if let Step::Done(payload) = step {
@@ -196,6 +202,7 @@ impl FrameReader {
             Some(_) => return Ok(IntoItem::Control(r.header)),
             None => return Err(self.protocol("frame without a header kind")),
         };
+        self.check_count()?;
         let wire = c.info.as_deref().ok_or_else(|| self.protocol("a tensor's first chunk has no tensor info"))?;
         let (info, codec) = info_from_wire(wire).map_err(|e| self.protocol(e))?;
         let refuse = |why: String| CallError::InvalidArgument(format!("cannot receive into the given buffer: {why}"));

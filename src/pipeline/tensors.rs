@@ -19,8 +19,10 @@ fn copy_into(t: &Tensor, dst: &mut [u8], want: Option<DType>) -> Result<TensorIn
     if want.is_some_and(|w| w != t.dtype()) {
         return Err(refuse(format!("the tensor is {}, the buffer holds {}", t.dtype(), want.unwrap_or(t.dtype()))));
     }
-    let c = t.contiguous().map_err(|e| refuse(e.to_string()))?;
-    let b = c.as_bytes().map_err(|e| refuse(e.to_string()))?;
+    if !t.is_contiguous() {
+        return Err(refuse("the tensor arrives strided (a view), not contiguous".into()));
+    }
+    let b = t.as_bytes().map_err(|e| refuse(e.to_string()))?;
     if b.len() != dst.len() {
         return Err(refuse(format!(
             "the tensor (shape {:?}, {}) has {} bytes, the buffer {}",
@@ -99,7 +101,9 @@ impl TensorStream {
     /// name), or None at the end of the stream.
     pub async fn next_into(&mut self, dst: &mut [u8], dtype: Option<DType>) -> Option<Result<TensorInfo, CallError>> {
         if let Some(t) = self.pending.take() {
-            return Some(copy_into(&t, dst, dtype));
+            let r = copy_into(&t, dst, dtype);
+            self.done |= r.is_err();
+            return Some(r);
         }
         if self.done {
             return None;
@@ -137,8 +141,14 @@ impl TensorStream {
             // limit): that is the outcome, and waiting for a sender short
             // of credit could deadlock (the server waits for this side to
             // read its answers).
+            // (InvalidArgument: `next_into` refused a tensor, whose rest is
+            // left unread.)
             Some(Err(
-                CallError::Decode(_) | CallError::OutOfMemory(_) | CallError::Limit { .. } | CallError::Timeout(_),
+                CallError::Decode(_)
+                | CallError::OutOfMemory(_)
+                | CallError::Limit { .. }
+                | CallError::Timeout(_)
+                | CallError::InvalidArgument(_),
             )) => true,
             _ => false,
         };
