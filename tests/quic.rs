@@ -181,7 +181,8 @@ mod striping {
     /// short (a cut sender finishes its stripe streams, since resetting them
     /// could discard their opening bytes and leave the receiver waiting),
     /// and the primary is reset. The receiver must report the reset, not a
-    /// protocol error. A raw QUIC client makes the order certain.
+    /// protocol error. A raw QUIC client makes the order certain. First, a
+    /// header that names a stripe before the stripe has joined.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_send_cut_mid_stripe_is_reported_as_a_reset() {
         let ep = Endpoint::parse("quic://127.0.0.1:0").unwrap();
@@ -224,11 +225,15 @@ mod striping {
         };
         let primary = dial(tensorwire_transports::quic::ALPN).await;
         control(&primary, b"TWG1", 2).await;
-        let stripe = dial(STRIPE_ALPN).await;
-        control(&stripe, b"TWJ1", 1).await;
-        // A whole striped frame first: once it arrives, the stripe is joined.
+        // A whole striped frame first, its header sent before the stripe
+        // even joins (a join travels on its own connection, so a receiver
+        // may see a header naming a stripe that has not joined yet: it
+        // waits for the join).
         let (mut s, _r) = primary.open_bi().await.unwrap();
         s.write_all(&striped_head(1, 4)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let stripe = dial(STRIPE_ALPN).await;
+        control(&stripe, b"TWJ1", 1).await;
         let mut st = stripe.open_uni().await.unwrap();
         st.write_all(&u64::from(quinn::VarInt::from(s.id())).to_le_bytes()).await.unwrap();
         st.write_all(b"four").await.unwrap();

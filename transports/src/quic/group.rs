@@ -131,6 +131,11 @@ impl Group {
         lock(&self.registry)
     }
 
+    /// Whether the client announced a group (its stripes may join).
+    pub(crate) fn announced(&self) -> bool {
+        lock(&self.token).is_some()
+    }
+
     /// Slots, joined or not (the group size the client announced).
     pub(crate) fn size(&self) -> usize {
         self.conns().len()
@@ -165,6 +170,9 @@ impl Group {
         }
         *t = Some(token);
         self.conns().resize(count, None);
+        drop(t);
+        // Receivers may be waiting for this group's stripes (see `take`).
+        self.arrived.notify_waiters();
         Ok(())
     }
 
@@ -177,6 +185,9 @@ impl Group {
         match conns.get_mut(usize::from(index)) {
             Some(slot @ None) if index > 0 => {
                 *slot = Some(conn);
+                drop(conns);
+                // Receivers may be waiting for this stripe to join.
+                self.arrived.notify_waiters();
                 Ok(())
             }
             Some(_) => Err(format!("stripe {index} joined twice")),
@@ -207,14 +218,9 @@ impl Group {
     }
 
     /// The stripe stream `index` of the logical stream `id`, waiting for it
-    /// to arrive (it is opened when its first payload is sent).
+    /// to arrive (it is opened when its first payload is sent), and for the
+    /// stripe to join if its join is still on its way.
     pub(crate) async fn take(&self, id: u64, index: u8, peer: &str) -> Result<quinn::RecvStream, StreamError> {
-        let Some(conn) = self.conn(index) else {
-            return Err(StreamError::Protocol {
-                peer: peer.to_string(),
-                reason: format!("a payload on stripe {index}, which is not joined"),
-            });
-        };
         let deadline = tokio::time::Instant::now() + CONTROL_TIMEOUT;
         loop {
             let notified = self.arrived.notified();
@@ -223,13 +229,24 @@ impl Group {
             if let Some(s) = self.registry().streams.remove(&(id, index)) {
                 return Ok(s);
             }
+            // None: the stripe has not joined yet (or the group is not yet
+            // announced). Joins and the announcement travel on streams of
+            // their own, so a header naming a stripe may come first: wait.
+            let conn = self.conn(index);
+            let closed = async {
+                match &conn {
+                    Some(c) => c.closed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut notified => {}
-                e = conn.closed() => return Err(super::errors::conn_error(peer, &e)),
+                e = closed => return Err(super::errors::conn_error(peer, &e)),
                 _ = tokio::time::sleep_until(deadline) => {
+                    let what = if conn.is_some() { "the stream for stripe" } else { "the join of stripe" };
                     return Err(StreamError::Protocol {
                         peer: peer.to_string(),
-                        reason: format!("the stream for stripe {index} did not arrive within {CONTROL_TIMEOUT:?}"),
+                        reason: format!("{what} {index} did not arrive within {CONTROL_TIMEOUT:?}"),
                     });
                 }
             }

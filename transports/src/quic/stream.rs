@@ -422,7 +422,9 @@ async fn stripe_source<'a>(
     peer: &str,
 ) -> Result<&'a mut quinn::RecvStream, StreamError> {
     let i = usize::from(s);
-    if i >= group.size() {
+    // (Before the group's announcement arrives its size is unknown: `take`
+    // waits for it, bounded.)
+    if group.announced() && i >= group.size() {
         return Err(StreamError::Protocol {
             peer: peer.to_string(),
             reason: format!("a payload on stripe {s}, but the connection has {} stripes", group.size()),
