@@ -62,7 +62,10 @@ fn tensor_bytes(dtype: DType, shape: &[usize]) -> Result<usize, GpuError> {
 /// the CPU's copy, not the transfer.
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     const PART: usize = 2 << 20;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4).min(src.len() / PART).max(1);
+    // Read once: `available_parallelism` reads cgroup files on Linux.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = cores.min(4).min(src.len() / PART).max(1);
     if threads == 1 {
         return dst.copy_from_slice(src);
     }
