@@ -9,15 +9,18 @@
 //!    tensor sent from host memory to a server that drops it (the
 //!    network's ceiling in this run), sent from the GPU with
 //!    `Client::send_gpu` to that server, to a server that uploads what it
-//!    receives (`Gpu::upload`), and to one that receives each tensor
-//!    straight into a page-locked buffer (`TensorStream::next_into`) and
-//!    copies it up in one DMA (`Gpu::upload_pinned`);
+//!    receives (`Gpu::upload`), to one that receives each tensor straight
+//!    into GPU memory chunk by chunk (`TensorStream::next_to_gpu`), and to
+//!    one that receives each tensor into a page-locked buffer
+//!    (`TensorStream::next_into`) and copies it up in one DMA
+//!    (`Gpu::upload_pinned`); and a stored tensor fetched to host memory
+//!    (the ceiling) and to the GPU chunk by chunk (`Client::fetch_to_gpu`);
 //! 3. CUDA IPC between two processes: this program re-runs itself as a
 //!    child that imports the parent's device buffer and copies it device to
 //!    device.
 //!
 //! ```text
-//! cargo run --release --features cuda --example gpu_bench [-- --mib 256 --chunk-mib 8]
+//! cargo run --release --features cuda --example gpu_bench [-- --mib 256 --chunk-mib 8 --no-tune-allocator]
 //! ```
 
 use std::sync::Arc;
@@ -28,39 +31,71 @@ use tensorwire::builtins::random_tensor;
 use tensorwire::cuda::{self, Gpu, PinnedBuffer};
 use tensorwire::{CallContext, Client, DType, SendSummary, Server, Status, TensorService, TensorStream};
 
-/// Uploads every received tensor to the GPU (or, without one, drops it:
-/// the network-only baseline). With a landing buffer, each tensor is
-/// received straight into it (page-locked) and copied up in one DMA.
-struct ToGpu(Option<Arc<Gpu>>, Option<tokio::sync::Mutex<PinnedBuffer>>);
+/// What the bench's server does with each tensor it receives.
+enum Mode {
+    /// Drops it (the network-only baseline).
+    Drop,
+    /// Receives it whole, then uploads it (`Gpu::upload`).
+    Whole(Arc<Gpu>),
+    /// Receives it straight into GPU memory chunk by chunk
+    /// (`TensorStream::next_to_gpu`).
+    Stream(Arc<Gpu>),
+    /// Receives it into a page-locked buffer (`next_into`), then copies it
+    /// up in one DMA (`Gpu::upload_pinned`).
+    Landing(Arc<Gpu>, tokio::sync::Mutex<PinnedBuffer>),
+}
+
+struct ToGpu(Mode);
 
 #[async_trait]
 impl TensorService for ToGpu {
     async fn send(&self, _ctx: &CallContext, tensors: &mut TensorStream) -> Result<SendSummary, Status> {
         let mut s = SendSummary::default();
-        if let (Some(g), Some(landing)) = (&self.0, &self.1) {
-            let mut buf = landing.lock().await;
-            while let Some(info) = tensors.next_into(&mut buf, None).await {
-                let info = info.map_err(Status::from)?;
-                s.received += 1;
-                s.bytes += buf.len() as u64;
-                let dtype = info.dtype.unwrap_or(DType::UInt8);
-                tokio::task::block_in_place(|| g.upload_pinned(&buf, dtype, info.shape))
-                    .map_err(|e| Status::internal(e.to_string()))?;
+        match &self.0 {
+            Mode::Landing(g, landing) => {
+                let mut buf = landing.lock().await;
+                while let Some(info) = tensors.next_into(&mut buf, None).await {
+                    let info = info.map_err(Status::from)?;
+                    s.received += 1;
+                    s.bytes += buf.len() as u64;
+                    let dtype = info.dtype.unwrap_or(DType::UInt8);
+                    tokio::task::block_in_place(|| g.upload_pinned(&buf, dtype, info.shape))
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                }
             }
-            return Ok(s);
-        }
-        while let Some(t) = tensors.next().await {
-            let t = t.map_err(Status::from)?;
-            s.received += 1;
-            s.bytes += t.nbytes() as u64;
-            let Some(g) = self.0.clone() else { continue };
-            tokio::task::spawn_blocking(move || g.upload(&t))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .map_err(|e| Status::internal(e.to_string()))?;
+            Mode::Stream(g) => {
+                while let Some(d) = tensors.next_to_gpu(g).await {
+                    s.received += 1;
+                    s.bytes += d.map_err(Status::from)?.nbytes() as u64;
+                }
+            }
+            Mode::Drop | Mode::Whole(_) => {
+                while let Some(t) = tensors.next().await {
+                    let t = t.map_err(Status::from)?;
+                    s.received += 1;
+                    s.bytes += t.nbytes() as u64;
+                    let Mode::Whole(g) = &self.0 else { continue };
+                    let g = g.clone();
+                    tokio::task::spawn_blocking(move || g.upload(&t))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                }
+            }
         }
         Ok(s)
     }
+}
+
+/// The label of send mode `k` in the end-to-end rows.
+fn modes_label(k: usize) -> &'static str {
+    [
+        "host -> wire",
+        "GPU -> wire",
+        "GPU -> wire -> whole, then GPU",
+        "GPU -> wire -> GPU chunk by chunk (next_to_gpu)",
+        "GPU -> wire -> pinned buffer (next_into) -> GPU",
+    ][k]
 }
 
 fn gib_s(bytes: usize, secs: f64) -> f64 {
@@ -71,6 +106,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("ipc-child") {
         return ipc_child(&args[2], args[3].parse()?);
+    }
+    // As the CLI does: fixed glibc malloc thresholds, so that 1 MiB receive
+    // buffers are recycled rather than mapped and faulted in anew.
+    if !args.iter().any(|a| a == "--no-tune-allocator") {
+        tensorwire::tune_allocator();
     }
     let mib: usize = args.iter().position(|a| a == "--mib").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(256);
     let n = mib << 20;
@@ -87,6 +127,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(count) => println!("CUDA devices: {count}"),
     }
     let gpu = Arc::new(Gpu::with_staging(0, chunk)?);
+    // The servers' own: a copy stream and staging pool apart from the
+    // client's, as a server in another process has.
+    let server_gpu = Arc::new(Gpu::with_staging(0, chunk)?);
     println!("staging chunk {} MiB", chunk >> 20);
     let host = random_tensor(DType::UInt8, &[n], 1)?;
     let dev = Arc::new(gpu.upload(&host)?);
@@ -145,50 +188,98 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 2. End to end: host -> wire -> dropped (the network ceiling, same
-    // run), GPU -> wire -> dropped, and GPU -> wire -> GPU.
+    // run), GPU -> wire -> dropped, and GPU -> wire -> GPU; then fetches.
+    // Every figure alternates with its ceiling, round after round; each
+    // ratio is the median of the rounds' ratios.
+    let rounds: usize =
+        args.iter().position(|a| a == "--rounds").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(3);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let dir = tempfile_dir();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     for (label, listen, suffix) in [
         ("tcp", "tcp://127.0.0.1:0?shm=0".to_string(), ""),
         ("unix socket", format!("unix://{}/gpu-u.sock", dir.display()), "?shm=0"),
         ("unix + shared memory", format!("unix://{}/gpu-s.sock", dir.display()), ""),
     ] {
-        let mut rates = Vec::new();
-        for (what, server_gpu, landing) in [
-            ("host", None, false),
-            ("gpu", None, false),
-            ("gpu", Some(gpu.clone()), false),
-            ("gpu", Some(gpu.clone()), true),
-        ] {
-            let landing = if landing { Some(tokio::sync::Mutex::new(gpu.pinned(n)?)) } else { None };
-            let r = rt.block_on(async {
-                let service = ToGpu(server_gpu, landing);
-                let server = Server::builder().service(service).build().start([listen.as_str()]).await?;
+        let modes = [
+            Mode::Drop,
+            Mode::Drop,
+            Mode::Whole(server_gpu.clone()),
+            Mode::Stream(server_gpu.clone()),
+            Mode::Landing(server_gpu.clone(), tokio::sync::Mutex::new(server_gpu.pinned(n)?)),
+        ];
+        let figures = rt.block_on(async {
+            // One server (and client) per mode, each on its own socket.
+            let mut peers = Vec::new();
+            for (k, mode) in modes.into_iter().enumerate() {
+                let at = listen.replace(".sock", &format!("-{k}.sock"));
+                let server = Server::builder().service(ToGpu(mode)).build().start([at.as_str()]).await?;
                 let client = Client::connect(&format!("{}{suffix}", server.url())).await?;
-                let once = async || match what {
-                    "host" => client.send(vec![host.clone()]).await.map(drop),
-                    _ => client.send_gpu(&gpu, vec![dev.clone()]).await.map(drop),
-                };
-                once().await?;
-                let t = Instant::now();
-                for _ in 0..reps {
-                    once().await?;
+                peers.push((server, client));
+            }
+            let store = Server::builder()
+                .service(tensorwire::StoreService::default())
+                .build()
+                .start([listen.replace(".sock", "-store.sock").as_str()])
+                .await?;
+            let store_client = Client::connect(&format!("{}{suffix}", store.url())).await?;
+            store_client.send(vec![host.clone().with_name("x")]).await?;
+            // Rates per round: the five send modes, then fetch to host and
+            // fetch to the GPU.
+            let mut rates = vec![Vec::new(); peers.len() + 2];
+            // Tensors per figure and round.
+            let reps = 2;
+            for round in 0..=rounds {
+                for (k, (_, client)) in peers.iter().enumerate() {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        match k {
+                            0 => client.send(vec![host.clone()]).await.map(drop)?,
+                            _ => client.send_gpu(&gpu, vec![dev.clone()]).await.map(drop)?,
+                        }
+                    }
+                    // Round 0 warms up.
+                    if round > 0 {
+                        rates[k].push(gib_s(n * reps, t.elapsed().as_secs_f64()));
+                    }
                 }
-                let r = gib_s(n * reps, t.elapsed().as_secs_f64());
+                for to_gpu in [false, true] {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        if to_gpu {
+                            store_client.fetch_to_gpu(&gpu, tensorwire::FetchRequest::name("x")).await.map(drop)?;
+                        } else {
+                            store_client.fetch_one("x").await.map(drop)?;
+                        }
+                    }
+                    if round > 0 {
+                        rates[peers.len() + usize::from(to_gpu)].push(gib_s(n * reps, t.elapsed().as_secs_f64()));
+                    }
+                }
+            }
+            for (server, _) in peers {
                 server.shutdown().await;
-                Ok::<_, Box<dyn std::error::Error>>(r)
-            })?;
-            rates.push(r);
-        }
+            }
+            store.shutdown().await;
+            Ok::<_, Box<dyn std::error::Error>>(rates)
+        })?;
+        let ratio = |k: usize, base: usize| median((0..rounds).map(|r| figures[k][r] / figures[base][r]).collect());
+        let sends: Vec<String> = (1..5)
+            .map(|k| format!("{} {:.2} GiB/s ({:.2}x)", modes_label(k), median(figures[k].clone()), ratio(k, 0)))
+            .collect();
         println!(
-            "{label}, {mib} MiB: host -> wire {:.2} GiB/s (ceiling); GPU -> wire {:.2} GiB/s ({:.2}x); GPU -> wire -> GPU {:.2} GiB/s ({:.2}x); GPU -> wire -> pinned buffer (next_into) -> GPU {:.2} GiB/s ({:.2}x)",
-            rates[0],
-            rates[1],
-            rates[1] / rates[0],
-            rates[2],
-            rates[2] / rates[0],
-            rates[3],
-            rates[3] / rates[0]
+            "{label}, {mib} MiB, median of {rounds} rounds: host -> wire {:.2} GiB/s (ceiling); {}",
+            median(figures[0].clone()),
+            sends.join("; ")
+        );
+        println!(
+            "{label}, {mib} MiB, median of {rounds} rounds: fetch to host {:.2} GiB/s (ceiling); fetch_to_gpu chunk by chunk {:.2} GiB/s ({:.2}x)",
+            median(figures[5].clone()),
+            median(figures[6].clone()),
+            ratio(6, 5)
         );
     }
 

@@ -174,7 +174,9 @@ fn write_seed_corpus() {
         seq.extend_from_slice(&m);
         seq.extend_from_slice(&[9; 4]);
     }
-    put("reassembly", "two_chunks", &seq);
+    // A mode byte first: even assembles, odd hands pieces on.
+    put("reassembly", "two_chunks", &[&[0u8][..], &seq].concat());
+    put("reassembly", "two_chunks_as_pieces", &[&[1u8][..], &seq].concat());
 
     // shm_side_channel: records of tag + fields (see transports/src/shm/fuzz.rs).
     let msg = |id: u64, op: u64| [id.to_le_bytes(), op.to_le_bytes()].concat();

@@ -2,8 +2,10 @@
 //! GPU: uploads and downloads through the pinned staging pool at every
 //! size around a chunk boundary (empty tensors too), `send_gpu` and
 //! `fetch_to_gpu` against a storing server on every same-host transport,
-//! a handler landing tensors in pinned memory of its own (`next_into`,
-//! `upload_pinned`), a limit refused mid-send, an abandoned send, a caller's buffer
+//! uploads fed piece by piece, a handler receiving tensors straight into
+//! GPU memory chunk by chunk (`next_to_gpu`, every transport, raw,
+//! compressed and torch-coded), a handler landing tensors in pinned memory
+//! of its own (`next_into`, `upload_pinned`), a limit refused mid-send, an abandoned send, a caller's buffer
 //! page-locked, device memory of the caller's own, and CUDA IPC between
 //! two processes. Without a driver or device each test says why it skips.
 
@@ -86,6 +88,43 @@ fn upload_download_bit_exact_around_chunk_boundaries() {
         .unwrap_err();
     assert_eq!(e.to_string(), "enough");
     assert_same(&t, &g.download(&d).unwrap());
+}
+
+/// An upload fed in pieces of uneven sizes (across staging buffers, as
+/// chunks off the network arrive) is bit-exact; a piece past the tensor's
+/// end is refused, a short upload fails at `finish`, and one dropped
+/// half-way leaves the GPU's staging pool usable.
+#[test]
+fn an_upload_fed_piece_by_piece() {
+    let Some(g) = gpu(CHUNK) else { return };
+    let t = random_tensor(DType::Float32, &[3, (CHUNK + 5) / 4 * 5], 80).unwrap().with_name("pieces");
+    let src = t.as_bytes().unwrap();
+    let mut up = g.begin_upload(t.dtype(), t.shape().to_vec()).unwrap();
+    let (mut off, mut step) = (0, 1);
+    while off < src.len() / 2 {
+        let end = (off + step).min(src.len());
+        up.push(&src[off..end]).unwrap();
+        off = end;
+        step = step * 5 + 4099;
+    }
+    // The rest as several parts at once (pieces that queued up), across a
+    // staging buffer's end.
+    let (a, b) = (off + (src.len() - off) / 3, off + 2 * (src.len() - off) / 3);
+    up.push_parts(&[&src[off..a], &[], &src[a..b], &src[b..]]).unwrap();
+    let e = up.push(&[0]).unwrap_err();
+    assert!(e.to_string().contains("do not fit"), "{e}");
+    let d = up.finish().unwrap();
+    assert_same(&t, &g.download(&d).unwrap());
+    let mut short = g.begin_upload(DType::UInt8, vec![3 * CHUNK]).unwrap();
+    short.push(&src[..2 * CHUNK + 1]).unwrap();
+    let e = short.finish().unwrap_err();
+    assert!(e.to_string().contains("ended after"), "{e}");
+    let mut dropped = g.begin_upload(DType::UInt8, vec![4 * CHUNK]).unwrap();
+    dropped.push(&src[..3 * CHUNK]).unwrap();
+    drop(dropped);
+    assert_same(&t, &g.download(&g.upload(&t).unwrap()).unwrap());
+    let empty = g.begin_upload(DType::Float32, vec![0, 4]).unwrap().finish().unwrap();
+    assert_eq!((empty.nbytes(), empty.shape()), (0, &[0usize, 4][..]));
 }
 
 #[test]
@@ -220,6 +259,77 @@ async fn a_handler_lands_tensors_in_pinned_memory_and_uploads_them() {
             assert_same(&t, &g.download(d).unwrap());
         }
         server.shutdown().await;
+    }
+}
+
+/// Receives each tensor straight into GPU memory, chunk by chunk as it
+/// arrives (`next_to_gpu`); keeps what reached the GPU, in order.
+struct StreamToGpu {
+    gpu: Arc<Gpu>,
+    got: Arc<std::sync::Mutex<Vec<DeviceTensor>>>,
+}
+
+#[async_trait::async_trait]
+impl tensorwire::TensorService for StreamToGpu {
+    async fn send(
+        &self,
+        _: &tensorwire::CallContext,
+        tensors: &mut tensorwire::TensorStream,
+    ) -> Result<tensorwire::SendSummary, tensorwire::Status> {
+        let mut s = tensorwire::SendSummary::default();
+        while let Some(d) = tensors.next_to_gpu(&self.gpu).await {
+            let d = d.map_err(tensorwire::Status::from)?;
+            s.received += 1;
+            s.bytes += d.nbytes() as u64;
+            self.got.lock().unwrap().push(d);
+        }
+        Ok(s)
+    }
+}
+
+/// Host tensors → wire → a handler's GPU, chunk by chunk: every sample
+/// (around chunk boundaries, empty, a strided view), raw and compressed,
+/// and in the torch codec (read whole, then uploaded), over every
+/// transport (gRPC hands the handler its first tensor already read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_receives_tensors_straight_into_gpu_memory() {
+    use tensorwire::codecs::{CodecKind, Compression, CompressionMode};
+    let Some(g) = gpu(CHUNK) else { return };
+    let samples = gpu_samples();
+    for scheme in ["tcp", "unix", "shm", "quic", "grpc"] {
+        for (codec, compression) in [
+            (CodecKind::Raw, Compression::None),
+            (CodecKind::Raw, Compression::Lz4),
+            (CodecKind::Torch, Compression::None),
+        ] {
+            let landed = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let builder = tensorwire::Server::builder().service(StreamToGpu { gpu: g.clone(), got: landed.clone() });
+            let (server, _dir) = start(builder, scheme).await;
+            let url = match scheme {
+                "unix" => format!("{}?shm=0", server.url()),
+                _ => server.url(),
+            };
+            let mut cfg = tensorwire::ClientConfig::default();
+            cfg.encoding.codec = codec;
+            cfg.encoding.compression = CompressionMode::Fixed(compression);
+            let client = Client::connect_with(&url, cfg).await.unwrap();
+            let what = format!("{scheme} {codec:?} {compression:?}");
+            let s = client.send(samples.clone()).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(s.received, samples.len() as u64, "{what}");
+            let got = std::mem::take(&mut *landed.lock().unwrap());
+            assert_eq!(got.len(), samples.len(), "{what}");
+            for (t, d) in samples.iter().zip(&got) {
+                assert_eq!(d.name(), t.name(), "{what}");
+                assert_same(&t.contiguous().unwrap(), &g.download(d).unwrap());
+            }
+            // The connection and the GPU keep serving.
+            let t = random_tensor(DType::UInt8, &[CHUNK + 9], 70).unwrap();
+            client.send(vec![t.clone()]).await.unwrap();
+            let more = std::mem::take(&mut *landed.lock().unwrap());
+            assert_eq!(more.len(), 1, "{what}");
+            assert_same(&t, &g.download(&more[0]).unwrap());
+            server.shutdown().await;
+        }
     }
 }
 

@@ -1,13 +1,18 @@
 //! GPU tensors on the client (feature `cuda`): sends staged device→host
-//! through pinned buffers chunk by chunk, fetches uploaded host→device.
+//! through pinned buffers chunk by chunk, fetches uploaded host→device
+//! chunk by chunk as they arrive.
 
 use std::sync::Arc;
 
 use tensorwire_codecs::TensorInfo;
+use tensorwire_proto::v1::{Method, frame_header::Kind};
+use tensorwire_transports::StreamKind;
 
-use super::session::{Client, explain};
+use super::session::{CallOptions, Client, explain};
 use crate::cuda::{DeviceTensor, Gpu, GpuError};
-use crate::error::CallError;
+use crate::error::{CallError, Status};
+use crate::pipeline::gpu::next_to_gpu;
+use crate::pipeline::reader::{IntoItem, Item};
 use crate::rpc::call::{FetchRequest, SendSummary};
 
 /// Logs once per process how GPU tensors travel over `ucx://`: staged
@@ -79,17 +84,43 @@ impl Client {
         self.finish_send(w, r, started).await
     }
 
-    /// Fetches tensors into GPU memory: they arrive in host memory and are
-    /// copied host→device through `gpu`'s pinned buffers (the host copy of
-    /// each chunk overlapping the DMA of the previous one).
+    /// Fetches tensors into GPU memory. A tensor that arrives as plain
+    /// bytes (raw codec, contiguous; compressed or not) goes to the device
+    /// chunk by chunk as it arrives, staged through `gpu`'s pinned buffers
+    /// on a blocking thread, so the copy overlaps the network; any other is
+    /// fetched whole, then uploaded. Retried on failure like
+    /// [`Client::fetch`].
     #[cfg(feature = "cuda")]
     pub async fn fetch_to_gpu(&self, gpu: &Arc<Gpu>, request: FetchRequest) -> Result<Vec<DeviceTensor>, CallError> {
-        let host = self.fetch(request).await?;
         note_ucx_staging(self.transport());
-        let g = gpu.clone();
-        tokio::task::spawn_blocking(move || host.iter().map(|t| g.upload(t)).collect::<Result<Vec<_>, _>>())
-            .await
-            .map_err(|e| CallError::InvalidArgument(format!("GPU copy task failed: {e}")))?
-            .map_err(|e| CallError::InvalidArgument(e.to_string()))
+        let opts = &CallOptions { idempotent: true, ..CallOptions::default() };
+        let request = &request;
+        self.run(opts, move |s, sent, started| {
+            Box::pin(async move {
+                let (mut w, mut r) = self.open(&s, StreamKind::Fetch, opts).await?;
+                let mut req = self.request(Method::Fetch, opts, started);
+                req.params = request.params.clone().into_iter().collect();
+                w.control_last(Kind::Request(Box::new(req))).await?;
+                sent.set();
+                let mut out = Vec::new();
+                loop {
+                    match next_to_gpu(&mut r, gpu).await? {
+                        IntoItem::Tensor(d) => out.push(d),
+                        IntoItem::Control(h) => match h.kind {
+                            Some(Kind::Reply(_)) => match r.next().await? {
+                                Item::End => break,
+                                _ => return Err(r.protocol("frames after the reply")),
+                            },
+                            Some(Kind::Error(e)) => return Err(CallError::Remote(Status::from_wire(&e))),
+                            _ => return Err(r.protocol(format!("unexpected {} frame in a reply", h.kind_name()))),
+                        },
+                        IntoItem::End => return Err(r.protocol("the server ended the call without a reply")),
+                    }
+                }
+                self.count(&w, &r);
+                Ok((out, None))
+            })
+        })
+        .await
     }
 }

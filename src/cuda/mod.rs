@@ -10,9 +10,12 @@
 //!   the tensor is copied device→host chunk by chunk with async copies,
 //!   double-buffered, and each chunk leaves on the network while the next
 //!   one is being copied.
-//! - **Receive to GPU** ([`Gpu::upload`]): host bytes are staged through
-//!   the pinned buffers, the host copy of chunk k+1 overlapping the DMA of
-//!   chunk k.
+//! - **Receive to GPU**: chunk by chunk as they arrive
+//!   ([`TensorStream::next_to_gpu`](crate::TensorStream::next_to_gpu) in a
+//!   server handler, [`Client::fetch_to_gpu`](crate::Client::fetch_to_gpu)),
+//!   through an [`Upload`] ([`Gpu::begin_upload`]): bytes are staged through
+//!   the pinned buffers as they come, the DMA of one buffer running while
+//!   the next fills. [`Gpu::upload`] does the same for a whole host tensor.
 //! - **CUDA IPC** ([`Gpu::ipc_export`], [`Gpu::ipc_import`]): a 64-byte
 //!   handle lets another process on the host read a device buffer with no
 //!   host copy. Lifetime rule: the exporter keeps the [`IpcExport`] (and so
@@ -60,24 +63,47 @@ fn tensor_bytes(dtype: DType, shape: &[usize]) -> Result<usize, GpuError> {
 /// memcpy into pinned memory runs well below the bus (measured on an H100
 /// host: ~7 GiB/s against 50 GiB/s of DMA), so staging a large upload is
 /// the CPU's copy, not the transfer.
+#[cfg(test)]
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    parallel_copy_parts(dst, &[src]);
+}
+
+/// Copies `parts`, one after the other, into `dst` (their total length) on
+/// up to four threads, each taking an equal share of `dst` from whichever
+/// parts cover it (see `parallel_copy`).
+fn parallel_copy_parts(dst: &mut [u8], parts: &[&[u8]]) {
     const PART: usize = 2 << 20;
     // Read once: `available_parallelism` reads cgroup files on Linux.
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let threads = cores.min(4).min(src.len() / PART).max(1);
-    if threads == 1 {
-        return dst.copy_from_slice(src);
-    }
-    let part = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let mut pairs = dst.chunks_mut(part).zip(src.chunks(part));
-        let first = pairs.next();
-        for (d, c) in pairs {
-            s.spawn(move || d.copy_from_slice(c));
+    debug_assert_eq!(dst.len(), parts.iter().map(|p| p.len()).sum::<usize>());
+    // Copies the parts' bytes `start..start + d.len()` into `d`.
+    let copy_span = |d: &mut [u8], start: usize| {
+        let (mut at, mut written) = (0, 0);
+        for p in parts {
+            let end = at + p.len();
+            if end > start && written < d.len() {
+                let from = start + written - at;
+                let n = (p.len() - from).min(d.len() - written);
+                d[written..written + n].copy_from_slice(&p[from..from + n]);
+                written += n;
+            }
+            at = end;
         }
-        if let Some((d, c)) = first {
-            d.copy_from_slice(c);
+    };
+    let threads = cores.min(4).min(dst.len() / PART).max(1);
+    if threads == 1 {
+        return copy_span(dst, 0);
+    }
+    let share = dst.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut spans = dst.chunks_mut(share).enumerate();
+        let first = spans.next();
+        for (i, d) in spans {
+            s.spawn(move || copy_span(d, i * share));
+        }
+        if let Some((_, d)) = first {
+            copy_span(d, 0);
         }
     });
 }
@@ -192,6 +218,170 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A tensor on its way to a GPU piece by piece ([`Gpu::begin_upload`]).
+/// Dropped before [`Upload::finish`] (an error, an abandoned transfer), it
+/// waits for the copies it queued before freeing anything they touch.
+pub struct Upload<'g> {
+    gpu: &'g Gpu,
+    /// The device allocation (taken by `finish`).
+    dst: Option<CudaSlice<u8>>,
+    base: sys::CUdeviceptr,
+    nbytes: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Two pinned staging buffers, taken from the pool as needed.
+    bufs: [Option<pinned::Pinned>; 2],
+    /// The event of each buffer's last DMA, until it is known to be done.
+    done: [Option<cudarc::driver::CudaEvent>; 2],
+    /// The buffer being filled, and how full it is.
+    cur: usize,
+    fill: usize,
+    /// Bytes whose DMA is queued.
+    queued: usize,
+}
+
+impl std::fmt::Debug for Upload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upload")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("received", &self.received())
+            .field("nbytes", &self.nbytes)
+            .finish()
+    }
+}
+
+impl Upload<'_> {
+    /// Bytes pushed so far.
+    pub fn received(&self) -> usize {
+        self.queued + self.fill
+    }
+
+    /// The tensor's next `data.len()` bytes. Fails when they run past the
+    /// tensor's size (nothing of them is copied then).
+    pub fn push(&mut self, data: &[u8]) -> Result<(), GpuError> {
+        self.push_parts(&[data])
+    }
+
+    /// The tensor's next bytes, given as `parts` one after the other (the
+    /// pieces that arrived meanwhile): copied into the staging buffers on
+    /// several threads when they add up to a few MiB, so a consumer that
+    /// fell behind catches up. Fails when they run past the tensor's size
+    /// (nothing of them is copied then).
+    pub fn push_parts(&mut self, parts: &[&[u8]]) -> Result<(), GpuError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total > self.nbytes - self.received() {
+            return Err(GpuError::Invalid(format!(
+                "{total} bytes more do not fit: the tensor has {} bytes and {} arrived",
+                self.nbytes,
+                self.received()
+            )));
+        }
+        let chunk = self.gpu.pool.chunk();
+        // What is left to copy: parts[k][at..], then the parts after it.
+        let (mut k, mut at) = (0, 0);
+        let mut left = total;
+        while left > 0 {
+            let i = self.cur;
+            if self.bufs[i].is_none() {
+                self.bufs[i] = Some(self.gpu.pool.take()?);
+            }
+            if self.fill == 0 {
+                // This buffer's previous DMA (two buffers ago) must be done
+                // before it is written; the other one's keeps running.
+                if let Some(e) = self.done[i].take() {
+                    e.synchronize()?;
+                }
+            }
+            // The parts' next `n` bytes fill this buffer as far as they go.
+            let n = (chunk - self.fill).min(left);
+            let mut span: Vec<&[u8]> = Vec::with_capacity(parts.len() - k);
+            let mut need = n;
+            while need > 0 {
+                let p = &parts[k][at..];
+                let take = p.len().min(need);
+                span.push(&p[..take]);
+                need -= take;
+                if take == p.len() {
+                    (k, at) = (k + 1, 0);
+                } else {
+                    at += take;
+                }
+            }
+            let buf = self.bufs[i].as_mut().expect("taken above");
+            parallel_copy_parts(&mut buf.bytes_mut(self.fill + n)[self.fill..], &span);
+            self.fill += n;
+            left -= n;
+            if self.fill == chunk || self.received() == self.nbytes {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the DMA of the buffer being filled and switches buffers.
+    fn flush(&mut self) -> Result<(), GpuError> {
+        let i = self.cur;
+        let buf = self.bufs[i].as_ref().ok_or_else(|| GpuError::Invalid("no staging buffer".into()))?;
+        // SAFETY: `fill` bytes of a live pinned buffer into the device
+        // allocation at `queued` (`queued + fill <= nbytes`, checked by
+        // `push`); the buffer is not written again before the event
+        // recorded next completes, nor freed before (`Drop`).
+        check(
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    self.base + self.queued as u64,
+                    buf.ptr().cast(),
+                    self.fill,
+                    self.gpu.stream.cu_stream(),
+                )
+            },
+            "cuMemcpyHtoDAsync",
+        )?;
+        self.done[i] = Some(self.gpu.stream.record_event(None)?);
+        self.queued += self.fill;
+        self.fill = 0;
+        self.cur ^= 1;
+        Ok(())
+    }
+
+    /// Waits for the last copies and returns the tensor; fails when fewer
+    /// bytes arrived than the tensor has.
+    pub fn finish(mut self) -> Result<DeviceTensor, GpuError> {
+        if self.received() != self.nbytes {
+            return Err(GpuError::Invalid(format!(
+                "the upload ended after {} of the tensor's {} bytes",
+                self.received(),
+                self.nbytes
+            )));
+        }
+        self.gpu.stream.synchronize()?;
+        self.done = [None, None];
+        Ok(DeviceTensor {
+            data: self.dst.take().expect("taken once"),
+            nbytes: self.nbytes,
+            dtype: self.dtype,
+            shape: std::mem::take(&mut self.shape),
+            ordinal: self.gpu.ordinal,
+            name: None,
+        })
+    }
+}
+
+impl Drop for Upload<'_> {
+    fn drop(&mut self) {
+        if self.done.iter().any(Option::is_some) && self.gpu.stream.synchronize().is_err() {
+            // A copy may still be running: leak the buffers rather than
+            // free memory under a DMA.
+            self.bufs.iter_mut().for_each(|b| std::mem::forget(b.take()));
+            return;
+        }
+        for b in self.bufs.iter_mut().filter_map(Option::take) {
+            self.gpu.pool.put(b);
+        }
+    }
+}
+
 /// Default staging chunk: large enough for full-speed DMA, small enough
 /// that two of them overlap well with the network.
 pub const DEFAULT_STAGING_CHUNK: usize = 8 << 20;
@@ -225,52 +415,43 @@ impl Gpu {
     pub fn upload(&self, t: &Tensor) -> Result<DeviceTensor, GpuError> {
         let t = t.contiguous().map_err(|e| GpuError::Invalid(e.to_string()))?;
         let src = t.as_bytes().map_err(|e| GpuError::Invalid(e.to_string()))?;
-        // SAFETY: every byte is written by the copies below before use.
-        let mut dst = unsafe { self.stream.alloc::<u8>(src.len().max(1)) }?;
-        let chunk = self.pool.chunk();
-        let mut bufs = [self.pool.take()?, self.pool.take()?];
-        let copied = (|| {
-            let (base, _record) = dst.device_ptr_mut(&self.stream);
-            let mut done: [Option<cudarc::driver::CudaEvent>; 2] = [None, None];
-            for (k, off) in (0..src.len()).step_by(chunk).enumerate() {
-                let len = chunk.min(src.len() - off);
-                let i = k % 2;
-                // Wait for this buffer's previous DMA (two chunks ago) only;
-                // the other buffer's DMA keeps running while this one fills.
-                if let Some(e) = done[i].take() {
-                    e.synchronize()?;
-                }
-                parallel_copy(bufs[i].bytes_mut(len), &src[off..off + len]);
-                // SAFETY: `len` bytes of the pinned buffer to `len` bytes
-                // inside the destination allocation; the buffer is not
-                // written again before this copy's event completes.
-                check(
-                    unsafe {
-                        sys::cuMemcpyHtoDAsync_v2(base + off as u64, bufs[i].ptr().cast(), len, self.stream.cu_stream())
-                    },
-                    "cuMemcpyHtoDAsync",
-                )?;
-                done[i] = Some(self.stream.record_event(None)?);
-            }
-            self.stream.synchronize()?;
-            Ok::<_, GpuError>(())
-        })();
-        match copied {
-            // Every copy has completed: the buffers are free again.
-            Ok(()) => bufs.into_iter().for_each(|b| self.pool.put(b)),
-            // A copy may still be in flight: wait before freeing them.
-            Err(_) => {
-                let _ = self.stream.synchronize();
-            }
-        }
-        copied?;
-        Ok(DeviceTensor {
-            data: dst,
-            nbytes: src.len(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            ordinal: self.ordinal,
-            name: t.name().map(str::to_string),
+        let mut up = self.begin_upload(t.dtype(), t.shape().to_vec())?;
+        up.push(src)?;
+        let d = up.finish()?;
+        Ok(match t.name() {
+            Some(n) => d.with_name(n),
+            None => d,
+        })
+    }
+
+    /// Starts copying a tensor of `dtype` and `shape` to this GPU whose
+    /// bytes arrive in order, piece by piece ([`Upload::push`]: chunks off
+    /// the network, say), so the copy runs while the rest arrives: each
+    /// piece is copied into a pinned staging buffer, and each full buffer
+    /// goes to the device by DMA while the next one fills (two buffers).
+    /// [`Upload::finish`] waits for the last copy and returns the tensor.
+    pub fn begin_upload(&self, dtype: DType, shape: Vec<usize>) -> Result<Upload<'_>, GpuError> {
+        let nbytes = tensor_bytes(dtype, &shape)?;
+        // Raw driver calls follow on this thread.
+        self.ctx.bind_to_thread()?;
+        // SAFETY: every byte is written by the upload's copies before the
+        // tensor is handed out (`finish` checks that all arrived).
+        let mut dst = unsafe { self.stream.alloc::<u8>(nbytes.max(1)) }?;
+        // The copies are waited for in `finish` (or on drop), so the
+        // allocation's own write record is not needed past here.
+        let base = dst.device_ptr_mut(&self.stream).0;
+        Ok(Upload {
+            gpu: self,
+            dst: Some(dst),
+            base,
+            nbytes,
+            dtype,
+            shape,
+            bufs: [None, None],
+            done: [None, None],
+            cur: 0,
+            fill: 0,
+            queued: 0,
         })
     }
 
@@ -597,6 +778,21 @@ mod tests {
             let mut dst = vec![0u8; n];
             parallel_copy(&mut dst, &src);
             assert!(dst == src, "{n} bytes");
+        }
+        // In parts of every shape (as pieces off the network arrive),
+        // empty ones too.
+        let src: Vec<u8> = (0..(9 << 20) + 7).map(|i: usize| (i * 13 + i / 65537) as u8).collect();
+        for cuts in [&[][..], &[0, 0, 5], &[1 << 20, 1 << 20, 3 << 20], &[7, (4 << 20) + 1, (4 << 20) + 1, 9 << 20]] {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for &c in cuts.iter().chain([&src.len()]) {
+                let c = c.clamp(at, src.len());
+                parts.push(&src[at..c]);
+                at = c;
+            }
+            let mut dst = vec![0u8; src.len()];
+            parallel_copy_parts(&mut dst, &parts);
+            assert!(dst == src, "cuts {cuts:?}");
         }
     }
 

@@ -150,10 +150,16 @@ pub fn mux_frames(data: &[u8]) {
 }
 
 /// Chunk headers from the wire through the [`Assembly`] the frame reader
-/// drives: a length-prefixed sequence of `FrameHeader`s, each followed by a
-/// payload of the declared length.
+/// drives: a mode byte (odd: chunks handed on piece by piece with
+/// `Assembly::push_out`, as the GPU receive path does; even: assembled
+/// with `Assembly::push`), then a length-prefixed sequence of
+/// `FrameHeader`s, each followed by a payload of the declared length.
 pub fn reassembly(data: &[u8]) {
+    let [mode, data @ ..] = data else { return };
+    let pieces = mode & 1 == 1;
     let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 20 }, Some(MemoryBudget::new(4 << 20)));
+    // Pieces: where the next one must start.
+    let mut next = 0;
     let mut rest = data;
     while let [len, tail @ ..] = rest {
         let n = usize::from(*len).min(tail.len());
@@ -164,6 +170,21 @@ pub fn reassembly(data: &[u8]) {
         let plen = (c.raw_len as usize).min(rest.len()).min(1 << 20);
         let (payload, tail) = rest.split_at(plen);
         rest = tail;
+        if pieces {
+            match a.push_out(&mut c, Bytes::copy_from_slice(payload)) {
+                Ok(p) => {
+                    assert_eq!(p.offset, next, "pieces come in order");
+                    assert_eq!(p.bytes.len() as u64, c.raw_len, "a piece is its chunk's decoded bytes");
+                    next += p.bytes.len();
+                    if p.last {
+                        next = 0;
+                        let _ = a.finished();
+                    }
+                }
+                Err(_) => return,
+            }
+            continue;
+        }
         match a.push(&mut c, Bytes::copy_from_slice(payload)) {
             Ok(Step::Done(_)) => {
                 let _ = a.finished();

@@ -356,6 +356,21 @@ fn verify(c: &v1::Chunk, payload: &[u8]) -> Result<(), ChunkError> {
     }
 }
 
+/// A chunk's decoded bytes, handed on by [`Assembly::push_out`].
+#[derive(Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+pub struct Piece {
+    /// Where the bytes go in the tensor.
+    pub offset: usize,
+    /// The decoded bytes.
+    pub bytes: Bytes,
+    /// This is the tensor's last piece.
+    pub last: bool,
+    /// The CRC-32C these bytes were sent with and the chunk's index, when
+    /// the consumer must still verify them before use.
+    pub check: Option<(u32, u32)>,
+}
+
 /// What feeding a chunk to an [`Assembly`] gave.
 #[derive(Debug)]
 pub enum Step {
@@ -497,6 +512,35 @@ impl Assembly {
         }
         plan.write(payload, dst, &mut self.dec)?;
         Ok(plan.last)
+    }
+
+    /// Feeds a chunk of a tensor whose bytes are handed on piece by piece
+    /// (to a GPU upload, say) instead of being assembled here: returns the
+    /// chunk's decoded bytes and their offset in the tensor. An
+    /// uncompressed chunk is handed on as its own bytes (no copy), with the
+    /// checksum it was sent with, if any, left to the consumer
+    /// ([`Piece::check`]: verified there, off the thread that reads the
+    /// network, in the same pass that computes the whole payload's); a
+    /// compressed or shuffled one is verified here and decoded into a
+    /// buffer of its declared length, which the tensor's size bounds.
+    /// Pieces come in order, each starting where the previous one ended.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+    pub fn push_out(&mut self, c: &mut v1::Chunk, payload: Bytes) -> Result<Piece, ChunkError> {
+        if c.compression == v1::Compression::None as i32 && c.shuffle <= 1 {
+            let plan = self.reasm.plan(c, payload.len())?;
+            let check = c.chunk_crc32c.map(|expected| (expected, c.index));
+            return Ok(Piece { offset: plan.offset, bytes: payload, last: plan.last, check });
+        }
+        verify(c, &payload)?;
+        let plan = self.reasm.plan(c, payload.len())?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(plan.raw_len)
+            .map_err(|_| ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.raw_len as u64 })?;
+        out.resize(plan.raw_len, 0);
+        self.dec
+            .decompress(plan.compression, plan.shuffle, &payload, &mut out)
+            .map_err(|e| ChunkError::Protocol(e.to_string()))?;
+        Ok(Piece { offset: plan.offset, bytes: Bytes::from(out), last: plan.last, check: None })
     }
 
     /// Feeds a chunk whose payload arrived in memory while the buffer is

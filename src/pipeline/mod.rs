@@ -18,12 +18,16 @@
 //! - [`pipe`]: an in-process stream pair (gRPC compat calls, tests).
 //! - [`storages`]: which tensors of a batch share a storage sent once
 //!   (state dicts: tied weights, views), sans-IO.
+//! - `gpu` (feature `cuda`): tensors received chunk by chunk straight into
+//!   GPU memory (`TensorStream::next_to_gpu`, `Client::fetch_to_gpu`).
 //!
-//! May import: `config`, `error`, `util`, and the codecs, proto and
+//! May import: `config`, `error`, `util`, `cuda`, and the codecs, proto and
 //! transports crates. Nothing above it (rpc, client, server, grpc).
 
 pub(crate) mod budget;
 pub(crate) mod chunk;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
 pub(crate) mod link;
 pub(crate) mod pipe;
 pub(crate) mod pool;

@@ -13,7 +13,7 @@ use tensorwire_codecs::{CodecKind, DType, DecodeError, Storage, Tensor, TensorIn
 use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{FrameHeader, Payload, Placement, Received, RecvStream, StreamError};
 
-use super::chunk::{Assembly, ChunkError, ReassemblyLimits, Step};
+use super::chunk::{Assembly, ChunkError, Piece, ReassemblyLimits, Step};
 use super::pool::RecvPool;
 use super::wire::{codec_from_wire, info_from_wire};
 use crate::config::Limits;
@@ -27,10 +27,30 @@ pub(crate) enum Item {
     End,
 }
 
-/// One thing read from a stream by [`FrameReader::next_into`].
-pub(crate) enum IntoItem {
-    /// A tensor, now in the caller's buffer: its header.
-    Tensor(TensorInfo),
+/// One thing read from a stream by [`FrameReader::next_into`] (or by
+/// another reader that puts tensors somewhere of the caller's).
+pub(crate) enum IntoItem<T = TensorInfo> {
+    /// A tensor, now in the caller's buffer: its header (or what the
+    /// reader made of it).
+    Tensor(T),
+    Control(FrameHeader),
+    End,
+}
+
+/// What [`FrameReader::start_pieces`] read.
+#[allow(clippy::large_enum_variant)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+pub(crate) enum Pieces {
+    /// A tensor arriving as its plain bytes, handed on piece by piece:
+    /// its header, dtype and size, and its first piece.
+    Stream {
+        info: TensorInfo,
+        dtype: DType,
+        nbytes: u64,
+        first: Piece,
+    },
+    /// A tensor that does not arrive as plain bytes, read whole.
+    Whole(Tensor),
     Control(FrameHeader),
     End,
 }
@@ -203,28 +223,13 @@ impl FrameReader {
             None => return Err(self.protocol("frame without a header kind")),
         };
         self.check_count()?;
-        let wire = c.info.as_deref().ok_or_else(|| self.protocol("a tensor's first chunk has no tensor info"))?;
-        let (info, codec) = info_from_wire(wire).map_err(|e| self.protocol(e))?;
         let refuse = |why: String| CallError::InvalidArgument(format!("cannot receive into the given buffer: {why}"));
-        if codec != CodecKind::Raw || wire.storage_id != 0 {
-            return Err(refuse(format!(
-                "the tensor arrives {}, not as plain bytes (raw codec)",
-                if wire.storage_id != 0 {
-                    "as a view of a shared storage".to_string()
-                } else {
-                    format!("in the {codec} codec")
-                }
-            )));
-        }
-        let dtype = info.dtype.ok_or_else(|| self.protocol("a raw tensor without a dtype"))?;
+        let (info, dtype) = self.plain(&c)?.map_err(refuse)?;
         if want.is_some_and(|w| w != dtype) {
             return Err(refuse(format!(
                 "the tensor is {dtype}, the buffer holds {}",
                 want.map(|w| w.to_string()).unwrap_or_default()
             )));
-        }
-        if info.strides.as_ref().is_some_and(|s| *s != tensorwire_codecs::tensor::contiguous_strides(&info.shape)) {
-            return Err(refuse("the tensor arrives strided (a view), not contiguous".into()));
         }
         let nbytes = tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;
         if nbytes != dst.len() as u64 || c.total_bytes != nbytes {
@@ -261,6 +266,85 @@ impl FrameReader {
         self.tensors += 1;
         self.bytes += nbytes;
         Ok(IntoItem::Tensor(info))
+    }
+
+    /// The header of a tensor whose first chunk is `c`, when its payload is
+    /// the tensor's plain bytes (raw codec, contiguous, its own storage):
+    /// `Ok(Err(why))` when it is not; `Err` when the header is malformed.
+    fn plain(&self, c: &v1::Chunk) -> Result<Result<(TensorInfo, DType), String>, CallError> {
+        let wire = c.info.as_deref().ok_or_else(|| self.protocol("a tensor's first chunk has no tensor info"))?;
+        let (info, codec) = info_from_wire(wire).map_err(|e| self.protocol(e))?;
+        if wire.storage_id != 0 {
+            return Ok(Err("the tensor arrives as a view of a shared storage, not as plain bytes".into()));
+        }
+        if codec != CodecKind::Raw {
+            return Ok(Err(format!("the tensor arrives in the {codec} codec, not as plain bytes (raw codec)")));
+        }
+        let dtype = info.dtype.ok_or_else(|| self.protocol("a raw tensor without a dtype"))?;
+        if info.strides.as_ref().is_some_and(|s| *s != tensorwire_codecs::tensor::contiguous_strides(&info.shape)) {
+            return Ok(Err("the tensor arrives strided (a view), not contiguous".into()));
+        }
+        Ok(Ok((info, dtype)))
+    }
+
+    /// Starts reading the next item of the stream; a tensor whose payload
+    /// is its plain bytes (see [`FrameReader::plain`]) is handed on piece by
+    /// piece as its chunks arrive (the first here, the rest from
+    /// [`FrameReader::next_piece`], then [`FrameReader::finish_pieces`]),
+    /// any other tensor is read whole.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+    pub(crate) async fn start_pieces(&mut self) -> Result<Pieces, CallError> {
+        let Some(r) = self.recv_frame().await? else { return Ok(Pieces::End) };
+        let c = match r.header.kind {
+            Some(Kind::Chunk(c)) => c,
+            Some(_) => return Ok(Pieces::Control(r.header)),
+            None => return Err(self.protocol("frame without a header kind")),
+        };
+        let Payload::Bytes(p) = r.payload else {
+            return Err(self.protocol("a tensor's first chunk was placed without a placement buffer"));
+        };
+        let Ok((info, dtype)) = self.plain(&c)? else {
+            return self.read_tensor(c, p).await.map(Pieces::Whole);
+        };
+        self.check_count()?;
+        let nbytes = tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;
+        if c.total_bytes != nbytes {
+            return Err(self.protocol(format!(
+                "a tensor of shape {:?} ({dtype}, {nbytes} bytes) declares {} bytes of payload",
+                info.shape, c.total_bytes
+            )));
+        }
+        let first = self.piece(c, p)?;
+        Ok(Pieces::Stream { info, dtype, nbytes, first })
+    }
+
+    /// The next piece of the tensor [`FrameReader::start_pieces`] started.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+    pub(crate) async fn next_piece(&mut self) -> Result<Piece, CallError> {
+        let (c, p) = self.next_chunk().await?;
+        let Payload::Bytes(b) = p else {
+            return Err(self.protocol("a chunk was placed without a placement buffer"));
+        };
+        self.piece(c, b)
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+    fn piece(&mut self, mut c: v1::Chunk, payload: Bytes) -> Result<Piece, CallError> {
+        let piece = self.asm.push_out(&mut c, payload).map_err(|e| self.chunk_error(e))?;
+        self.count_progress(c.raw_len);
+        Ok(piece)
+    }
+
+    /// After the last piece of a tensor of `nbytes`: the CRC-32C of the
+    /// whole payload, when the sender sent one (the caller, who saw the
+    /// bytes, checks it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU receive path
+    pub(crate) fn finish_pieces(&mut self, nbytes: u64) -> Result<Option<u32>, CallError> {
+        let (_, crc) = self.asm.finished().ok_or_else(|| self.protocol("tensor ended early"))?;
+        self.tensors += 1;
+        self.bytes += nbytes;
+        self.last_storage = 0;
+        Ok(crc)
     }
 
     /// The next frame, which must be a chunk of the tensor in progress.
@@ -414,6 +498,80 @@ mod tests {
             feeder.await.unwrap();
             let back = reader.await.unwrap();
             assert!(back.data_eq(&t), "{total} bytes");
+        }
+    }
+
+    /// Pieces (the GPU receive path): a raw tensor's chunks are handed on in
+    /// order (compressed ones decoded, uncompressed ones as their own
+    /// bytes) with the whole payload's checksum at the end; a tensor that
+    /// is not plain bytes (another codec) is read whole instead.
+    #[tokio::test]
+    async fn pieces_hand_on_a_raw_tensor_chunk_by_chunk() {
+        use tensorwire_codecs::{Compression, CompressionMode};
+        for (total, compression) in [
+            (0usize, Compression::None),
+            (1, Compression::None),
+            ((3 << 20) + 7, Compression::None),
+            ((3 << 20) + 7, Compression::Lz4),
+        ] {
+            // Compressible: runs of one byte value.
+            let data: Vec<u8> = (0..total).map(|i| (i / 4096) as u8).collect();
+            let t = Tensor::from_vec([total], data).unwrap().with_name("x");
+            let torch = Tensor::from_vec([2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+            let (tx, rx) = pipe(1, "test");
+            let enc = Encoding {
+                chunk_size: 1 << 20,
+                compression: CompressionMode::Fixed(compression),
+                checksums: true,
+                chunk_checksums: Some(true),
+                ..Default::default()
+            };
+            let mut w = FrameWriter::new(Box::new(tx), enc, SharedCaps::default(), 1 << 20, None).for_transport("test");
+            let sender = tokio::spawn(async move {
+                w.send_tensor(&t, false).await.unwrap();
+                w.encoding.codec = CodecKind::Torch;
+                w.send_tensor(&torch, false).await.unwrap();
+                w.finish().await.unwrap();
+                (t, torch)
+            });
+            let mut r = FrameReader::new(Box::new(rx), "test".into(), Limits::default(), false);
+            let Pieces::Stream { info, dtype, nbytes, first } = r.start_pieces().await.unwrap() else {
+                panic!("a raw tensor arrives in pieces")
+            };
+            assert_eq!((dtype, nbytes, info.name.as_deref()), (DType::UInt8, total as u64, Some("x")));
+            let (mut got, mut piece, mut pieces, mut checks, mut combined) = (Vec::new(), first, 0, 0, 0u32);
+            loop {
+                assert_eq!(piece.offset, got.len(), "pieces come in order");
+                if let Some((expected, _)) = piece.check {
+                    assert_eq!(expected, checksum::crc32c(&piece.bytes), "a piece's checksum is left to check");
+                    checks += 1;
+                }
+                got.extend_from_slice(&piece.bytes);
+                // As the GPU upload thread builds the whole payload's checksum.
+                combined = checksum::crc32c_combine(combined, checksum::crc32c(&piece.bytes), piece.bytes.len());
+                pieces += 1;
+                if piece.last {
+                    break;
+                }
+                piece = r.next_piece().await.unwrap();
+            }
+            let crc = r.finish_pieces(nbytes).unwrap();
+            let torch = match r.start_pieces().await.unwrap() {
+                Pieces::Whole(t) => t,
+                _ => panic!("a torch-coded tensor is read whole"),
+            };
+            let (t, sent_torch) = sender.await.unwrap();
+            assert!(got == t.as_bytes().unwrap(), "{total} bytes, {compression:?}");
+            assert_eq!(pieces, total.div_ceil(1 << 20).max(1));
+            // Uncompressed pieces leave their chunk checksums to the
+            // consumer; compressed ones are verified before decoding (the
+            // 7-byte last chunk does not shrink, and goes uncompressed).
+            let compressed = if compression == Compression::None { 0 } else { pieces - 1 };
+            assert_eq!(checks, pieces - compressed, "{compression:?}");
+            assert_eq!(crc, Some(checksum::crc32c(&got)));
+            assert_eq!(crc, Some(combined));
+            assert!(torch.data_eq(&sent_torch));
+            assert!(matches!(r.start_pieces().await.unwrap(), Pieces::End));
         }
     }
 

@@ -100,8 +100,28 @@ impl TensorStream {
     /// not read: end the call). Returns the tensor's header (dtype, shape,
     /// name), or None at the end of the stream.
     pub async fn next_into(&mut self, dst: &mut [u8], dtype: Option<DType>) -> Option<Result<TensorInfo, CallError>> {
+        self.next_via(async |pending, reader| match pending {
+            Some(t) => copy_into(&t, dst, dtype).map(IntoItem::Tensor),
+            None => reader.next_into(dst, dtype).await,
+        })
+        .await
+    }
+
+    /// The next item read by `recv`, which is given the tensor already read
+    /// (a gRPC call's first) if there is one, and otherwise reads from the
+    /// stream; the end of the stream is handled as by [`TensorStream::next`].
+    /// An error from `recv` ends the stream (a refused tensor's rest is
+    /// left unread).
+    pub(crate) async fn next_via<T>(
+        &mut self,
+        recv: impl AsyncFnOnce(Option<Tensor>, &mut FrameReader) -> Result<IntoItem<T>, CallError>,
+    ) -> Option<Result<T, CallError>> {
         if let Some(t) = self.pending.take() {
-            let r = copy_into(&t, dst, dtype);
+            let r = match recv(Some(t), &mut self.reader).await {
+                Ok(IntoItem::Tensor(x)) => Ok(x),
+                Ok(_) => Err(self.reader.protocol("a tensor read ahead was lost")),
+                Err(e) => Err(e),
+            };
             self.done |= r.is_err();
             return Some(r);
         }
@@ -110,8 +130,8 @@ impl TensorStream {
         }
         let r = match self.ending.take() {
             Some(r) => *r,
-            None => match self.reader.next_into(dst, dtype).await {
-                Ok(IntoItem::Tensor(info)) => return Some(Ok(info)),
+            None => match recv(None, &mut self.reader).await {
+                Ok(IntoItem::Tensor(x)) => return Some(Ok(x)),
                 Ok(IntoItem::End) => self.after(Item::End).await,
                 Ok(IntoItem::Control(h)) => self.after(Item::Control(h)).await,
                 Err(e) => Some(Err(e)),
