@@ -501,12 +501,18 @@ mod suite {
             }
         }
         // The wrong dtype, the wrong size: refused with the reason, before
-        // anything is written; the connection keeps serving.
+        // anything is written; the connection keeps serving. The refusal
+        // comes back at once, whether the whole tensor was already on its
+        // way (the small ones) or most of it still had to leave (64 MiB):
+        // over UCX the payloads the server will not read are sent by tag,
+        // and the sender waited out its rendezvous timeout (60 s) for them.
         for (bad, why) in [
             (random_tensor(DType::Int32, &[300_001], 9).unwrap(), "is int32"),
             (random_tensor(DType::Float32, &[300_000], 9).unwrap(), "has 1200000 bytes, the buffer 1200004"),
+            (random_tensor(DType::Int32, &[16 << 20], 9).unwrap(), "is int32"),
         ] {
-            let e = client.send(vec![bad]).await.unwrap_err();
+            let sent = tokio::time::timeout(Duration::from_secs(30), client.send(vec![bad])).await;
+            let e = sent.expect("a refusal, not a wait").unwrap_err();
             assert!(e.to_string().contains(why), "{e}");
             assert!(matches!(&e, CallError::Remote(s) if s.code == Code::InvalidArgument), "{e:?}");
         }

@@ -277,6 +277,9 @@ impl Upload<'_> {
                 self.received()
             )));
         }
+        // Raw driver calls follow, and an upload may have moved threads
+        // since `begin_upload` (it is `Send`).
+        self.gpu.ctx.bind_to_thread()?;
         let chunk = self.gpu.pool.chunk();
         // What is left to copy: parts[k][at..], then the parts after it.
         let (mut k, mut at) = (0, 0);
@@ -370,7 +373,11 @@ impl Upload<'_> {
 
 impl Drop for Upload<'_> {
     fn drop(&mut self) {
-        if self.done.iter().any(Option::is_some) && self.gpu.stream.synchronize().is_err() {
+        // Not finished (an error, an abandoned transfer): a copy may be
+        // running even where no event says so (one that was queued before
+        // recording its event failed), so wait for the whole stream.
+        let unfinished = self.dst.is_some() && (self.queued > 0 || self.bufs.iter().any(Option::is_some));
+        if unfinished && self.gpu.stream.synchronize().is_err() {
             // A copy may still be running: leak the buffers rather than
             // free memory under a DMA.
             self.bufs.iter_mut().for_each(|b| std::mem::forget(b.take()));

@@ -533,6 +533,9 @@ impl Assembly {
         }
         verify(c, &payload)?;
         let plan = self.reasm.plan(c, payload.len())?;
+        // Reserved from the budget like every receive buffer: a few bytes
+        // of compressed chunk may declare a tensor's worth.
+        let reservation = self.reserve(plan.raw_len)?;
         let mut out = Vec::new();
         out.try_reserve_exact(plan.raw_len)
             .map_err(|_| ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.raw_len as u64 })?;
@@ -540,7 +543,11 @@ impl Assembly {
         self.dec
             .decompress(plan.compression, plan.shuffle, &payload, &mut out)
             .map_err(|e| ChunkError::Protocol(e.to_string()))?;
-        Ok(Piece { offset: plan.offset, bytes: Bytes::from(out), last: plan.last, check: None })
+        let bytes = match reservation {
+            Some(r) => r.attach(Bytes::from(out)),
+            None => Bytes::from(out),
+        };
+        Ok(Piece { offset: plan.offset, bytes, last: plan.last, check: None })
     }
 
     /// Feeds a chunk whose payload arrived in memory while the buffer is
@@ -634,6 +641,41 @@ mod tests {
     fn chunks_of(e: Encoded, size: usize) -> Vec<(v1::Chunk, Bytes)> {
         let mut c = Chunker::new(7, v1::TensorInfo::default(), e, size);
         std::iter::from_fn(|| c.next_chunk()).collect()
+    }
+
+    /// Pieces (the GPU receive path): an uncompressed chunk is handed on as
+    /// its own bytes with its checksum left to check; a compressed one that
+    /// declares more than the memory budget allows is refused before
+    /// anything is allocated.
+    #[test]
+    fn pieces_keep_uncompressed_bytes_and_budget_decoded_ones() {
+        let info = || Some(Box::new(v1::TensorInfo { dtype: v1::Dtype::Uint8 as i32, ..Default::default() }));
+        let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 30 }, Some(MemoryBudget::new(1 << 20)));
+        let payload = Bytes::from(vec![5u8; 4096]);
+        let mut c = v1::Chunk {
+            tensor_id: 1,
+            total_bytes: 4096,
+            raw_len: 4096,
+            last: true,
+            chunk_crc32c: Some(77),
+            compression: v1::Compression::None as i32,
+            info: info(),
+            ..Default::default()
+        };
+        let p = a.push_out(&mut c, payload.clone()).unwrap();
+        assert_eq!((p.offset, p.last, p.check), (0, true, Some((77, 0))));
+        assert_eq!(p.bytes.as_ptr(), payload.as_ptr(), "no copy");
+        let mut bomb = v1::Chunk {
+            tensor_id: 2,
+            total_bytes: 64 << 20,
+            raw_len: 64 << 20,
+            last: true,
+            compression: v1::Compression::Lz4 as i32,
+            info: info(),
+            ..Default::default()
+        };
+        let e = a.push_out(&mut bomb, Bytes::from_static(&[0; 16])).unwrap_err();
+        assert!(matches!(e, ChunkError::OverBudget(_)), "{e}");
     }
 
     #[test]

@@ -497,6 +497,15 @@ pub trait SendStream: Send + 'static {
     fn reset(&mut self, code: u32);
     /// The stream's id (for logs).
     fn id(&self) -> u64;
+    /// Resolves once the peer has stopped reading this stream, or the
+    /// connection has failed, with the error a send would get now: for a
+    /// sender waiting on something else than this stream's credit (UCX: the
+    /// completions of its tagged sends, which a peer that stopped reading
+    /// never receives). Transports that cannot tell never resolve (the
+    /// default).
+    async fn stopped(&mut self) -> StreamError {
+        std::future::pending().await
+    }
 }
 
 /// Receiving half of a logical stream. Dropping it before the end asks the

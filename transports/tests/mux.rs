@@ -246,6 +246,11 @@ async fn dropping_the_receiver_stops_the_sender() {
         }
     }
     assert!(matches!(err, Some(StreamError::Stopped { .. })), "{err:?}");
+    // A sender waiting on something else learns it too, also after it
+    // finished (`stopped`, used by UCX's sends).
+    let _ = tx.finish().await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), tx.stopped()).await;
+    assert!(matches!(stopped, Ok(StreamError::Stopped { .. })), "{stopped:?}");
     // The connection still works.
     let (mut tx2, mut rx2) = p.client.open(StreamKind::Call).await.unwrap();
     let mut inc2 = p.server.accept_or_first(&mut tx2).await;

@@ -233,6 +233,23 @@ impl SendStream for MuxSend {
         self.try_send_frames(frames, fin)
     }
 
+    async fn stopped(&mut self) -> StreamError {
+        loop {
+            // Registered before the state is read: a STOP (or a failure)
+            // between the check and the wait still wakes this task.
+            let notified = self.stream.send_notify.notified();
+            let mut notified = pin!(notified);
+            notified.as_mut().enable();
+            if self.shared.closed.load(Ordering::Acquire) {
+                return self.shared.error();
+            }
+            if let Some(code) = lock(&self.stream.inner).state.peer_stopped() {
+                return StreamError::Stopped { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code };
+            }
+            notified.await;
+        }
+    }
+
     fn reset(&mut self, code: u32) {
         let inner = &mut *lock(&self.stream.inner);
         // A stream that never sent a frame does not exist for the peer.

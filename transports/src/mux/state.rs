@@ -258,6 +258,9 @@ pub struct StreamState {
     recv_half: RecvHalf,
     send_alive: bool,
     recv_alive: bool,
+    /// The code of the peer's STOP, if it sent one (also after this side
+    /// finished sending: its frames may still be arriving there).
+    peer_stopped: Option<u32>,
 }
 
 impl StreamState {
@@ -271,6 +274,7 @@ impl StreamState {
             recv_half: RecvHalf::Open,
             send_alive: true,
             recv_alive: true,
+            peer_stopped: None,
         }
     }
 
@@ -398,6 +402,13 @@ impl StreamState {
         if self.send_half == SendHalf::Open {
             self.send_half = SendHalf::Stopped(code);
         }
+        self.peer_stopped.get_or_insert(code);
+    }
+
+    /// The code of the peer's STOP: it reads nothing more of this stream
+    /// (set whatever this side's sending direction was doing).
+    pub fn peer_stopped(&self) -> Option<u32> {
+        self.peer_stopped
     }
 }
 
@@ -415,6 +426,23 @@ pub fn goaway_reason(error_code: u32, reason: &[u8]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A STOP is remembered also when this side had finished sending (its
+    /// frames may still be arriving there, unread): a sender waiting on
+    /// something else (UCX sends) learns of it; the first code stays.
+    #[test]
+    fn a_stop_after_finishing_is_remembered() {
+        let mut st = StreamState::new(1 << 20, 1 << 20);
+        assert_eq!(st.peer_stopped(), None);
+        assert!(st.finish());
+        st.on_stop(8);
+        st.on_stop(9);
+        assert_eq!((st.send_half(), st.peer_stopped()), (SendHalf::Done, Some(8)));
+        let mut open = StreamState::new(1 << 20, 1 << 20);
+        open.on_stop(7);
+        assert_eq!((open.send_half(), open.peer_stopped()), (SendHalf::Stopped(7), Some(7)));
+        assert_eq!(open.poll_send(1, false), SendPoll::Stopped(7));
+    }
 
     #[test]
     fn ids_have_the_role_parity_and_increase() {

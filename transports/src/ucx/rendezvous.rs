@@ -284,10 +284,20 @@ impl UcxSend {
         frame
     }
 
+    /// Waits for the oldest tagged send to complete. A peer that stopped
+    /// reading this stream never receives the payloads of its discarded
+    /// frames (and UCX cannot cancel a send), so that ends the wait at
+    /// once with the stream's error; the payloads stay with the worker
+    /// until UCX is done with them or the connection closes.
     async fn wait_oldest(&mut self) -> Result<(), StreamError> {
         let Some((n, rx)) = self.in_flight.pop_front() else { return Ok(()) };
         self.in_flight_bytes -= n;
-        match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx).await {
+        let done = tokio::select! {
+            biased;
+            r = tokio::time::timeout(self.rv.cfg.rendezvous_timeout, rx) => r,
+            e = self.inner.stopped() => return Err(e),
+        };
+        match done {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(self.rv.closed("send", e)),
             Ok(Err(_)) => Err(self.rv.closed("send", "connection closed".into())),
@@ -483,6 +493,30 @@ impl UcxRecv {
         Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
     }
 
+    /// Frames this side will never read whose payloads come by tag: their
+    /// sender waits for the receives (UCX cannot cancel a send), so each
+    /// gets one, into a scratch buffer dropped once it lands. Covers the
+    /// frames already here (read ahead, or queued by the connection: all of
+    /// them once the sender's end arrived); the sender stops waiting for
+    /// later ones when the connection tells it this side stopped reading.
+    fn discard_unread(&mut self) {
+        let mut unread: Vec<Received> = std::mem::take(&mut self.ahead)
+            .into_iter()
+            .filter_map(|a| match a {
+                Ahead::Frame(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        while let Some(Ok(Some(r))) = self.inner.try_recv() {
+            unread.push(r);
+        }
+        for r in unread {
+            if let Ok(Some((tag, _, len, _))) = self.ucx_chunk(&r) {
+                drop(self.rv.worker.recv(tag, RecvTarget::Owned(vec![0; len])));
+            }
+        }
+    }
+
     /// Notes a returned chunk that asks for a grant (answered by the next
     /// `place`, or refused).
     fn note_ask(&mut self, r: &Received) {
@@ -665,6 +699,7 @@ impl Drop for UcxRecv {
     fn drop(&mut self) {
         self.refuse();
         self.abandon_grant();
+        self.discard_unread();
     }
 }
 
