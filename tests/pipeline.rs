@@ -516,6 +516,16 @@ mod suite {
             assert!(e.to_string().contains(why), "{e}");
             assert!(matches!(&e, CallError::Remote(s) if s.code == Code::InvalidArgument), "{e:?}");
         }
+        // Refused at a first small tensor while a large one (over UCX's
+        // shared memory: one that asks the receiver for memory to put its
+        // chunks into) follows it: refused at once too.
+        let two = vec![
+            random_tensor(DType::Int32, &[300_001], 12).unwrap(),
+            random_tensor(DType::Float32, &[16 << 20], 13).unwrap(),
+        ];
+        let sent = tokio::time::timeout(Duration::from_secs(30), client.send(two)).await;
+        let e = sent.expect("a refusal, not a wait").unwrap_err();
+        assert!(e.to_string().contains("is int32"), "{e}");
         assert_eq!(landed.lock().unwrap().len(), 3);
         let again = random_tensor(DType::Float32, &[300_001], 10).unwrap();
         client.send(vec![again.clone()]).await.unwrap();

@@ -123,7 +123,13 @@ impl UcxSend {
     /// Waits for the receiver's answer to the grant asked for.
     async fn take_answer(&mut self) -> Result<(), StreamError> {
         let Some(a) = self.asked.take() else { return Ok(()) };
-        let landed = match tokio::time::timeout(self.rv.cfg.rendezvous_timeout, a.answer).await {
+        // A receiver that stopped reading may never answer.
+        let answered = tokio::select! {
+            biased;
+            r = tokio::time::timeout(self.rv.cfg.rendezvous_timeout, a.answer) => r,
+            e = self.inner.stopped() => return Err(e),
+        };
+        let landed = match answered {
             Ok(Ok(Ok(l))) => l,
             Ok(Ok(Err(e))) => return Err(self.rv.closed("grant", e)),
             Ok(Err(_)) => return Err(self.rv.closed("grant", "connection closed".into())),
@@ -353,6 +359,10 @@ impl SendStream for UcxSend {
     fn id(&self) -> u64 {
         self.inner.id()
     }
+
+    async fn stopped(&mut self) -> StreamError {
+        self.inner.stopped().await
+    }
 }
 
 /// How many UCX receives a stream keeps posted: while one chunk arrives,
@@ -495,10 +505,14 @@ impl UcxRecv {
 
     /// Frames this side will never read whose payloads come by tag: their
     /// sender waits for the receives (UCX cannot cancel a send), so each
-    /// gets one, into a scratch buffer dropped once it lands. Covers the
-    /// frames already here (read ahead, or queued by the connection: all of
-    /// them once the sender's end arrived); the sender stops waiting for
-    /// later ones when the connection tells it this side stopped reading.
+    /// gets one, into a scratch buffer dropped once it lands, and a chunk
+    /// that asks for a grant gets its refusal. Covers the frames already
+    /// here (read ahead, or queued by the connection: all of them once the
+    /// sender's end arrived), up to as much scratch memory as a sender
+    /// keeps in flight (`UcxConfig::max_in_flight`); a sender waiting for
+    /// later ones stops when the connection tells it this side stopped
+    /// reading (their sends then stay with its worker until the connection
+    /// closes).
     fn discard_unread(&mut self) {
         let mut unread: Vec<Received> = std::mem::take(&mut self.ahead)
             .into_iter()
@@ -510,10 +524,19 @@ impl UcxRecv {
         while let Some(Ok(Some(r))) = self.inner.try_recv() {
             unread.push(r);
         }
+        let mut scratch = 0usize;
         for r in unread {
-            if let Ok(Some((tag, _, len, _))) = self.ucx_chunk(&r) {
-                drop(self.rv.worker.recv(tag, RecvTarget::Owned(vec![0; len])));
+            let Ok(Some((tag, _, len, _))) = self.ucx_chunk(&r) else { continue };
+            if let Some(Kind::Chunk(c)) = &r.header.kind
+                && c.ucx_grant
+            {
+                drop(self.rv.worker.send(GRANT_BIT | tag, Bytes::from(Answer::Refused.encode())));
             }
+            scratch += len;
+            if scratch > self.rv.cfg.max_in_flight {
+                break;
+            }
+            drop(self.rv.worker.recv(tag, RecvTarget::Owned(vec![0; len])));
         }
     }
 
