@@ -8,10 +8,11 @@ use tensorwire_codecs::{DType, Element, Tensor, TensorInfo};
 use tensorwire_proto::v1::{Method, frame_header::Kind};
 use tensorwire_transports::StreamKind;
 
-use super::session::{CallOptions, Client, explain, read_outputs, send_all, send_summary};
+use super::session::{CallOptions, Client, ClientSession, explain, read_outputs, send_all, send_summary};
 use crate::error::{CallError, Status};
-use crate::pipeline::reader::{IntoItem, Item};
+use crate::pipeline::reader::{FrameReader, IntoItem, Item};
 use crate::pipeline::tensors::{InputSender, TensorStream};
+use crate::pipeline::writer::FrameWriter;
 use crate::rpc::call::{FetchRequest, SendSummary};
 
 impl Client {
@@ -53,14 +54,27 @@ impl Client {
         self.finish_send(w, r, started).await
     }
 
+    /// Opens a fetch stream on `s` and sends its request (the stream's
+    /// writer is finished; the reader gets the tensors and the reply).
+    pub(crate) async fn begin_fetch(
+        &self,
+        s: &ClientSession,
+        opts: &CallOptions,
+        request: &FetchRequest,
+        started: Instant,
+    ) -> Result<(FrameWriter, FrameReader), CallError> {
+        let (mut w, r) = self.open(s, StreamKind::Fetch, opts).await?;
+        let mut req = self.request(Method::Fetch, opts, started);
+        req.params = request.params.clone().into_iter().collect();
+        w.control_last(Kind::Request(Box::new(req))).await?;
+        Ok((w, r))
+    }
+
     /// Asks the server's `fetch` handler for tensors; they arrive as a stream.
     pub async fn fetch_stream(&self, request: FetchRequest) -> Result<TensorStream, CallError> {
         let opts = CallOptions::default();
         let s = self.session().await?;
-        let (mut w, r) = self.open(&s, StreamKind::Fetch, &opts).await?;
-        let mut req = self.request(Method::Fetch, &opts, Instant::now());
-        req.params = request.params.into_iter().collect();
-        w.control_last(Kind::Request(Box::new(req))).await?;
+        let (_, r) = self.begin_fetch(&s, &opts, &request, Instant::now()).await?;
         Ok(TensorStream::new(r, true))
     }
 
@@ -71,10 +85,7 @@ impl Client {
         let request = &request;
         self.run(opts, move |s, sent, started| {
             Box::pin(async move {
-                let (mut w, mut r) = self.open(&s, StreamKind::Fetch, opts).await?;
-                let mut req = self.request(Method::Fetch, opts, started);
-                req.params = request.params.clone().into_iter().collect();
-                w.control_last(Kind::Request(Box::new(req))).await?;
+                let (w, mut r) = self.begin_fetch(&s, opts, request, started).await?;
                 sent.set();
                 let (out, _) = read_outputs(&mut r).await?;
                 self.count(&w, &r);
@@ -99,10 +110,7 @@ impl Client {
     ) -> Result<TensorInfo, CallError> {
         let opts = CallOptions::default();
         let s = self.session().await?;
-        let (mut w, mut r) = self.open(&s, StreamKind::Fetch, &opts).await?;
-        let mut req = self.request(Method::Fetch, &opts, Instant::now());
-        req.params = request.params.into_iter().collect();
-        w.control_last(Kind::Request(Box::new(req))).await?;
+        let (w, mut r) = self.begin_fetch(&s, &opts, &request, Instant::now()).await?;
         let mut got: Option<TensorInfo> = None;
         loop {
             let item = if got.is_none() {

@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use tensorwire_codecs::TensorInfo;
-use tensorwire_proto::v1::{Method, frame_header::Kind};
-use tensorwire_transports::StreamKind;
+use tensorwire_proto::v1::frame_header::Kind;
 
 use super::session::{CallOptions, Client, explain};
 use crate::cuda::{DeviceTensor, Gpu, GpuError};
@@ -97,10 +96,7 @@ impl Client {
         let request = &request;
         self.run(opts, move |s, sent, started| {
             Box::pin(async move {
-                let (mut w, mut r) = self.open(&s, StreamKind::Fetch, opts).await?;
-                let mut req = self.request(Method::Fetch, opts, started);
-                req.params = request.params.clone().into_iter().collect();
-                w.control_last(Kind::Request(Box::new(req))).await?;
+                let (w, mut r) = self.begin_fetch(&s, opts, request, started).await?;
                 sent.set();
                 let mut out = Vec::new();
                 loop {
