@@ -189,7 +189,7 @@ fn xor_tensor(a: &Tensor, b: &Tensor) -> Result<Tensor, DeltaError> {
     let mut out = AlignedBuf::try_zeroed(x.len())
         .ok_or_else(|| DeltaError::Tensor(format!("cannot allocate {} bytes", x.len())))?;
     xor_into(&x, &y, out.as_mut_slice());
-    Ok(Tensor::new(a.dtype(), a.shape().to_vec(), out.freeze())?)
+    Ok(Tensor::with_shape(a.dtype(), a.shape(), out.freeze())?)
 }
 
 /// The delta of `new` against `base` (same dtype and shape), keeping

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::codec::{Codec, CodecKind, Encoded, TensorInfo};
 use crate::error::{DecodeError, EncodeError};
 use crate::limits::{DecodeLimits, check_shape};
-use crate::tensor::{Storage, Tensor, aligned, contiguous_strides, view_extent};
+use crate::tensor::{Storage, Tensor, aligned, is_row_major, view_extent};
 
 /// See the [module docs](self).
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,10 +52,8 @@ impl Codec for RawCodec {
         }
         let payload = aligned(payload, dtype.align());
         let tensor = match &info.strides {
-            None => Tensor::new(dtype, info.shape.clone(), payload)?,
-            Some(strides) if *strides == contiguous_strides(&info.shape) => {
-                Tensor::new(dtype, info.shape.clone(), payload)?
-            }
+            None => Tensor::with_shape(dtype, &info.shape, payload)?,
+            Some(strides) if is_row_major(&info.shape, strides) => Tensor::with_shape(dtype, &info.shape, payload)?,
             Some(strides) => {
                 // Only dense layouts travel strided: the payload must hold
                 // exactly the view's elements, none twice (a zero stride would

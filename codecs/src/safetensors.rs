@@ -145,7 +145,7 @@ pub fn load(file: Bytes, limits: &DecodeLimits) -> Result<Loaded, DecodeError> {
         check_shape(dtype, view.shape(), limits)?;
         let start = view.data().as_ptr() as usize - base;
         let data = aligned(file.slice(start..start + view.data().len()), dtype.align());
-        tensors.push((name, Tensor::new(dtype, view.shape().to_vec(), data)?));
+        tensors.push((name, Tensor::with_shape(dtype, view.shape(), data)?));
     }
     Ok(Loaded { tensors, metadata: meta.metadata().clone().unwrap_or_default() })
 }

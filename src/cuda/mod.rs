@@ -561,7 +561,7 @@ impl Gpu {
             Ok(())
         })?;
         let t =
-            Tensor::new(d.dtype, d.shape.clone(), Bytes::from(out)).map_err(|e| GpuError::Invalid(e.to_string()))?;
+            Tensor::with_shape(d.dtype, &d.shape, Bytes::from(out)).map_err(|e| GpuError::Invalid(e.to_string()))?;
         Ok(match &d.name {
             Some(n) => t.with_name(n.clone()),
             None => t,

@@ -273,7 +273,7 @@ impl FrameReader {
     /// `Ok(Err(why))` when it is not; `Err` when the header is malformed.
     fn plain(&self, c: &v1::Chunk) -> Result<Result<(TensorInfo, DType), String>, CallError> {
         let wire = c.info.as_deref().ok_or_else(|| self.protocol("a tensor's first chunk has no tensor info"))?;
-        let (info, codec) = info_from_wire(wire).map_err(|e| self.protocol(e))?;
+        let (info, codec) = info_from_wire(wire.clone()).map_err(|e| self.protocol(e))?;
         if wire.storage_id != 0 {
             return Ok(Err("the tensor arrives as a view of a shared storage, not as plain bytes".into()));
         }
@@ -281,7 +281,7 @@ impl FrameReader {
             return Ok(Err(format!("the tensor arrives in the {codec} codec, not as plain bytes (raw codec)")));
         }
         let dtype = info.dtype.ok_or_else(|| self.protocol("a raw tensor without a dtype"))?;
-        if info.strides.as_ref().is_some_and(|s| *s != tensorwire_codecs::tensor::contiguous_strides(&info.shape)) {
+        if info.strides.as_ref().is_some_and(|s| !tensorwire_codecs::tensor::is_row_major(&info.shape, s)) {
             return Ok(Err("the tensor arrives strided (a view), not contiguous".into()));
         }
         Ok(Ok((info, dtype)))
@@ -400,11 +400,12 @@ impl FrameReader {
         if let Err(e) = codec_from_wire(info.codec) {
             return Err(CallError::Decode(tensorwire_codecs::DecodeError::UnknownCodec(e)));
         }
-        let (tinfo, codec_kind) = info_from_wire(&info).map_err(|e| self.protocol(e))?;
+        let storage_id = info.storage_id;
+        let (tinfo, codec_kind) = info_from_wire(info).map_err(|e| self.protocol(e))?;
         let n = payload.len() as u64;
-        self.last_storage = info.storage_id;
-        let t = if info.storage_id != 0 {
-            self.shared_view(info.storage_id, &tinfo, codec_kind, payload)?
+        self.last_storage = storage_id;
+        let t = if storage_id != 0 {
+            self.shared_view(storage_id, &tinfo, codec_kind, payload)?
         } else {
             let codec = tensorwire_codecs::codec(codec_kind)?;
             codec.decode(&tinfo, payload, &self.limits.decode_limits())?

@@ -105,30 +105,34 @@ pub fn compression_from_wire(v: i32) -> Result<Compression, String> {
 }
 
 /// The wire header of a tensor.
-pub fn info_to_wire(info: &TensorInfo, codec: CodecKind) -> v1::TensorInfo {
+pub fn info_to_wire(info: TensorInfo, codec: CodecKind) -> v1::TensorInfo {
+    // By value: the shape's `Vec<usize>` becomes the `Vec<u64>` in place,
+    // and name and metadata move.
     v1::TensorInfo {
         dtype: info.dtype.map_or(v1::Dtype::Unspecified, dtype_to_wire) as i32,
-        shape: info.shape.iter().map(|&d| d as u64).collect(),
-        strides: info.strides.as_ref().map(|s| s.iter().map(|&x| x as u64).collect()).unwrap_or_default(),
+        shape: info.shape.into_iter().map(|d| d as u64).collect(),
+        strides: info.strides.map(|s| s.into_iter().map(|x| x as u64).collect()).unwrap_or_default(),
         storage_offset: info.storage_offset as u64,
         // Empty for the CPU (every receiver reads it so): most tensors
         // are, and a string formatted per tensor costs an allocation.
         device: if info.device == Device::Cpu { String::new() } else { info.device.to_string() },
-        name: info.name.clone().unwrap_or_default(),
-        metadata: info.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        name: info.name.unwrap_or_default(),
+        metadata: info.metadata.into_iter().collect(),
         codec: codec_to_wire(codec) as i32,
         storage_id: 0,
     }
 }
 
 /// A tensor header from the wire, checked for sizes that overflow.
-pub fn info_from_wire(w: &v1::TensorInfo) -> Result<(TensorInfo, CodecKind), String> {
+pub fn info_from_wire(w: v1::TensorInfo) -> Result<(TensorInfo, CodecKind), String> {
+    // By value: the shape's `Vec<u64>` becomes the `Vec<usize>` in place
+    // (same size and alignment), and name and metadata move.
     let usize_of = |x: u64| usize::try_from(x).map_err(|_| format!("{x} does not fit in memory"));
-    let shape = w.shape.iter().map(|&d| usize_of(d)).collect::<Result<Vec<_>, _>>()?;
+    let shape = w.shape.into_iter().map(usize_of).collect::<Result<Vec<_>, _>>()?;
     let strides = if w.strides.is_empty() {
         None
     } else {
-        Some(w.strides.iter().map(|&d| usize_of(d)).collect::<Result<Vec<_>, _>>()?)
+        Some(w.strides.into_iter().map(usize_of).collect::<Result<Vec<_>, _>>()?)
     };
     if let Some(s) = &strides
         && s.len() != shape.len()
@@ -140,9 +144,9 @@ pub fn info_from_wire(w: &v1::TensorInfo) -> Result<(TensorInfo, CodecKind), Str
         shape,
         strides,
         storage_offset: usize_of(w.storage_offset)?,
-        device: w.device.parse().unwrap_or(Device::Cpu),
-        name: (!w.name.is_empty()).then(|| w.name.clone()),
-        metadata: w.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        device: if w.device.is_empty() { Device::Cpu } else { w.device.parse().unwrap_or(Device::Cpu) },
+        name: (!w.name.is_empty()).then_some(w.name),
+        metadata: w.metadata.into_iter().collect(),
     };
     Ok((info, codec_from_wire(w.codec)?))
 }

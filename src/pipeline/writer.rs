@@ -176,7 +176,7 @@ impl FrameWriter {
 
     async fn send_encoded(
         &mut self,
-        encoded: Encoded,
+        mut encoded: Encoded,
         codec_kind: CodecKind,
         itemsize: usize,
         storage_id: u64,
@@ -184,7 +184,7 @@ impl FrameWriter {
     ) -> Result<u64, CallError> {
         let total = encoded.len();
         self.caps.check_tensor_bytes(total)?;
-        let mut info = info_to_wire(&encoded.info, codec_kind);
+        let mut info = info_to_wire(std::mem::take(&mut encoded.info), codec_kind);
         info.storage_id = storage_id;
         let crc = self.encoding.checksums.then(|| {
             let mut crc = checksum::Crc32c::new();
@@ -283,7 +283,7 @@ impl FrameWriter {
         let chunk_size = self.chunk_size(true);
         let id = self.next_tensor_id;
         self.next_tensor_id += 1;
-        let mut winfo = Some(Box::new(info_to_wire(&info, CodecKind::Raw)));
+        let mut winfo = Some(Box::new(info_to_wire(info, CodecKind::Raw)));
         let checksums = self.chunk_checksums;
         let (mut offset, mut index) = (0u64, 0u32);
         let mut emit = |w: &mut Self, payload: Bytes, offset: u64, index: u32| {

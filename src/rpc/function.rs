@@ -267,8 +267,8 @@ impl Function {
     /// it to the caller; one pair of clock reads serves both).
     pub(crate) async fn run_timed(&self, call: Call) -> (Result<Output, Status>, std::time::Duration) {
         let started = Instant::now();
-        let name = self.name.clone();
-        let panicked = move |p: Box<dyn std::any::Any + Send>| {
+        let name = &self.name;
+        let panicked = |p: Box<dyn std::any::Any + Send>| {
             let msg = p
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())

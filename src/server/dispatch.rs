@@ -94,14 +94,17 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         params: req.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
-    let work = run_method(&inner, method, req, &mut input, &mut writer, &ctx);
+    // The context moves into the call (no copy of its strings); the
+    // deadline path keeps a handle on its cancellation.
+    let cancel = ctx.cancel.clone();
+    let work = run_method(&inner, method, req, &mut input, &mut writer, ctx);
     let result = match deadline {
         Some(d) => match tokio::time::timeout_at(d.into(), work).await {
             Ok(r) => r,
             Err(_) => {
                 // Async work stops here (its future is dropped); sync work
                 // sees ctx.is_cancelled() and should return.
-                ctx.cancel.cancel();
+                cancel.cancel();
                 Err(Status::deadline_exceeded(format!("the call's deadline of {timeout_ms} ms passed on the server")))
             }
         },
@@ -228,13 +231,13 @@ async fn run_method(
     req: v1::Request,
     input: &mut TensorStream,
     writer: &mut FrameWriter,
-    ctx: &CallContext,
+    ctx: CallContext,
 ) -> Result<Box<v1::Reply>, Status> {
     match method {
         Method::Call | Method::Submit => run_call(inner, method, req, input, writer, ctx).await,
         // Boxed: a send's, a fetch's or a task's future would otherwise
         // set the size of every call's.
-        _ => Box::pin(run_other(inner, method, req, input, writer, ctx)).await.map(Box::new),
+        _ => Box::pin(async move { run_other(inner, method, req, input, writer, &ctx).await }).await.map(Box::new),
     }
 }
 
@@ -246,7 +249,7 @@ async fn run_call(
     req: v1::Request,
     input: &mut TensorStream,
     writer: &mut FrameWriter,
-    ctx: &CallContext,
+    ctx: CallContext,
 ) -> Result<Box<v1::Reply>, Status> {
     let inputs = inputs_of(input).await?;
     let f = inner.functions.get(&ctx.function)?.clone();
@@ -262,7 +265,7 @@ async fn run_call(
         f.check(&inputs)?;
     }
     let args = Args::from_wire(req.args.as_ref()).map_err(Status::invalid_argument)?;
-    let call = Call { inputs, args, ctx: ctx.clone() };
+    let call = Call { inputs, args, ctx };
     if method == Method::Submit {
         let id = inner.tasks.submit(f, call)?;
         return Ok(Box::new(v1::Reply { task: Some(task_status(&id, &TaskState::Pending)), ..Default::default() }));

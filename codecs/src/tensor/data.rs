@@ -55,7 +55,7 @@ impl Tensor {
     /// contiguous). Keeps name and metadata.
     pub fn contiguous(&self) -> Result<Tensor, TensorError> {
         let data = self.to_contiguous_bytes()?;
-        let mut t = Tensor::new(self.dtype, self.shape.clone(), data)?;
+        let mut t = Tensor::with_shape(self.dtype, &self.shape, data)?;
         t.name = self.name.clone();
         t.metadata = self.metadata.clone();
         Ok(t)
@@ -65,7 +65,7 @@ impl Tensor {
     pub fn as_bytes(&self) -> Result<&[u8], TensorError> {
         let storage = self.host_storage()?;
         if !self.is_contiguous() {
-            return Err(TensorError::NotContiguous { strides: self.strides.clone() });
+            return Err(TensorError::NotContiguous { strides: self.strides.to_vec() });
         }
         let start = self.offset * self.dtype.itemsize();
         Ok(&storage[start..start + self.nbytes()])

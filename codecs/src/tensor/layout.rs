@@ -2,6 +2,8 @@
 //! counts, row-major strides, byte sizes and the storage extent of a view,
 //! all checked for overflow.
 
+use smallvec::SmallVec;
+
 use crate::dtype::DType;
 use crate::tensor::error::TensorError;
 
@@ -10,18 +12,45 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
-/// Row-major (C order) strides of `shape`, in elements.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    // Filled from the last dimension and reversed: no zeroed allocation
-    // (`vec![0; n]` asks the allocator for zeroed memory, a slower path).
-    let mut strides = Vec::with_capacity(shape.len());
+/// A shape or strides, kept inline up to four dimensions (most tensors):
+/// making, cloning and dropping a tensor then allocates nothing for them.
+pub(crate) type Dims = SmallVec<[usize; 4]>;
+
+/// `v` as [`Dims`]: copied inline when it fits, else its allocation is kept.
+pub(crate) fn dims_from_vec(v: Vec<usize>) -> Dims {
+    if v.len() <= 4 { Dims::from_slice(&v) } else { Dims::from_vec(v) }
+}
+
+/// Row-major (C order) strides of `shape`, in elements, as [`Dims`].
+pub(crate) fn contiguous_dims(shape: &[usize]) -> Dims {
+    let mut strides = Dims::from_elem(0, shape.len());
     let mut acc = 1usize;
-    for &d in shape.iter().rev() {
-        strides.push(acc);
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
         acc = acc.saturating_mul(d.max(1));
     }
-    strides.reverse();
     strides
+}
+
+/// Row-major (C order) strides of `shape`, in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    contiguous_dims(shape).into_vec()
+}
+
+/// Whether `strides` are `shape`'s row-major strides (what
+/// [`contiguous_strides`] returns), without making them.
+pub fn is_row_major(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.len() != strides.len() {
+        return false;
+    }
+    let mut acc = 1usize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if s != acc {
+            return false;
+        }
+        acc = acc.saturating_mul(d.max(1));
+    }
+    true
 }
 
 /// Bytes needed for `shape` of `dtype`, checked for overflow.

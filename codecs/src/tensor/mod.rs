@@ -14,7 +14,7 @@
 //! | `view.rs` | views sharing storage: permute, transpose, narrow, reshape |
 //! | `storage.rs` | [`Storage`], [`AlignedBuf`], [`aligned`] |
 //! | `device.rs` | [`Device`], [`UnknownDevice`], the [`DeviceBuffer`] trait |
-//! | `layout.rs` | shape arithmetic: [`byte_size`], [`view_extent`], [`contiguous_strides`], [`checked_numel`] |
+//! | `layout.rs` | shape arithmetic: [`byte_size`], [`view_extent`], [`contiguous_strides`], [`is_row_major`], [`checked_numel`] |
 //! | `error.rs` | [`TensorError`] |
 
 mod data;
@@ -29,6 +29,6 @@ mod view;
 
 pub use device::{Device, DeviceBuffer, UnknownDevice};
 pub use error::TensorError;
-pub use layout::{byte_size, checked_numel, contiguous_strides, view_extent};
+pub use layout::{byte_size, checked_numel, contiguous_strides, is_row_major, view_extent};
 pub use model::Tensor;
 pub use storage::{AlignedBuf, Storage, aligned};

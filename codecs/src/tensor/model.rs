@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::dtype::{DType, Element};
 use crate::tensor::device::{Device, DeviceBuffer};
 use crate::tensor::error::TensorError;
-use crate::tensor::layout::{byte_size, contiguous_strides, view_extent};
+use crate::tensor::layout::{Dims, byte_size, contiguous_dims, dims_from_vec, view_extent};
 use crate::tensor::storage::{AlignedBuf, Storage, VecOwner};
 
 /// A tensor: element type, shape, strides, storage offset, storage, and an
@@ -20,8 +20,8 @@ use crate::tensor::storage::{AlignedBuf, Storage, VecOwner};
 #[derive(Clone)]
 pub struct Tensor {
     pub(super) dtype: DType,
-    pub(super) shape: Vec<usize>,
-    pub(super) strides: Vec<usize>,
+    pub(super) shape: Dims,
+    pub(super) strides: Dims,
     pub(super) offset: usize,
     pub(super) storage: Storage,
     pub(super) name: Option<String>,
@@ -53,7 +53,13 @@ impl Tensor {
     /// A contiguous host tensor over `data`, which must hold exactly
     /// `numel × itemsize` bytes.
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>, data: impl Into<Bytes>) -> Result<Self, TensorError> {
-        Self::contiguous_over(dtype, shape.into(), Storage::Host(data.into()))
+        Self::contiguous_over(dtype, dims_from_vec(shape.into()), Storage::Host(data.into()))
+    }
+
+    /// [`Tensor::new`] with a borrowed shape: no `Vec` is made for it (a
+    /// shape of up to four dimensions is kept inline), what decoders use.
+    pub fn with_shape(dtype: DType, shape: &[usize], data: impl Into<Bytes>) -> Result<Self, TensorError> {
+        Self::contiguous_over(dtype, Dims::from_slice(shape), Storage::Host(data.into()))
     }
 
     /// A contiguous tensor copied from a typed slice.
@@ -88,8 +94,7 @@ impl Tensor {
         offset: usize,
         storage: Storage,
     ) -> Result<Self, TensorError> {
-        let shape = shape.into();
-        let strides = strides.into();
+        let (shape, strides) = (dims_from_vec(shape.into()), dims_from_vec(strides.into()));
         if strides.len() != shape.len() {
             return Err(TensorError::StridesLength { dims: shape.len(), strides: strides.len() });
         }
@@ -106,24 +111,24 @@ impl Tensor {
         shape: impl Into<Vec<usize>>,
         buffer: Arc<dyn DeviceBuffer>,
     ) -> Result<Self, TensorError> {
-        Self::contiguous_over(dtype, shape.into(), Storage::Device(buffer))
+        Self::contiguous_over(dtype, dims_from_vec(shape.into()), Storage::Device(buffer))
     }
 
     /// A contiguous tensor over all of `storage`, which must hold exactly
     /// `numel × itemsize` bytes.
-    fn contiguous_over(dtype: DType, shape: Vec<usize>, storage: Storage) -> Result<Self, TensorError> {
+    fn contiguous_over(dtype: DType, shape: Dims, storage: Storage) -> Result<Self, TensorError> {
         let expected = byte_size(dtype, &shape)?;
         if expected != storage.len() {
-            return Err(TensorError::SizeMismatch { dtype, shape, expected, actual: storage.len() });
+            return Err(TensorError::SizeMismatch { dtype, shape: shape.into_vec(), expected, actual: storage.len() });
         }
-        let strides = contiguous_strides(&shape);
+        let strides = contiguous_dims(&shape);
         Ok(Self::from_parts_unchecked(dtype, shape, strides, 0, storage))
     }
 
     pub(super) fn from_parts_unchecked(
         dtype: DType,
-        shape: Vec<usize>,
-        strides: Vec<usize>,
+        shape: Dims,
+        strides: Dims,
         offset: usize,
         storage: Storage,
     ) -> Self {

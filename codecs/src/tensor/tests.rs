@@ -105,3 +105,38 @@ fn three_d_permutation_matches_naive_gather() {
     let sv = s.to_vec::<i32>().unwrap();
     assert_eq!(sv, gather(1..4, 0..3, 1..3));
 }
+
+#[test]
+fn shapes_of_any_rank_are_kept_whole() {
+    // Up to four dimensions live inline, more on the heap: both behave alike.
+    for shape in [vec![], vec![7], vec![2, 3, 4, 5], vec![2, 1, 3, 1, 2, 2], vec![1; 9]] {
+        let t = iota(&shape);
+        assert_eq!(t.shape(), &shape[..]);
+        assert_eq!(t.strides(), &contiguous_strides(&shape)[..]);
+        let c = t.clone();
+        assert_eq!((c.shape(), c.strides()), (t.shape(), t.strides()));
+        let b = Tensor::with_shape(DType::Int32, &shape, t.to_contiguous_bytes().unwrap()).unwrap();
+        assert_eq!(b.shape(), &shape[..]);
+        assert!(b.is_contiguous());
+        if shape.len() >= 2 {
+            let v = t.transpose(0, shape.len() - 1).unwrap();
+            assert_eq!(
+                v.transpose(0, shape.len() - 1).unwrap().to_contiguous_bytes().unwrap(),
+                t.to_contiguous_bytes().unwrap()
+            );
+        }
+    }
+    let e = Tensor::with_shape(DType::Float32, &[2, 3], vec![0u8; 20]).unwrap_err();
+    assert_eq!(e, TensorError::SizeMismatch { dtype: DType::Float32, shape: vec![2, 3], expected: 24, actual: 20 });
+}
+
+#[test]
+fn row_major_strides_are_recognised_without_making_them() {
+    for shape in [vec![], vec![3], vec![2, 3, 4], vec![0, 5], vec![4, 1, 1, 2, 3, 2]] {
+        assert!(is_row_major(&shape, &contiguous_strides(&shape)), "{shape:?}");
+    }
+    assert!(!is_row_major(&[2, 3], &[1, 2]));
+    assert!(!is_row_major(&[2, 3], &[3]));
+    assert!(!is_row_major(&[2, 3], &[3, 1, 1]));
+    assert!(!is_row_major(&[2, 3, 4, 5, 6], &[120, 20, 5, 1, 1]));
+}

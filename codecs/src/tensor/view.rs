@@ -3,7 +3,7 @@
 //! (which copies only a non-contiguous tensor).
 
 use crate::tensor::error::TensorError;
-use crate::tensor::layout::{checked_numel, contiguous_strides};
+use crate::tensor::layout::{checked_numel, contiguous_dims, dims_from_vec};
 use crate::tensor::model::Tensor;
 
 impl Tensor {
@@ -56,11 +56,11 @@ impl Tensor {
     pub fn reshape(&self, shape: impl Into<Vec<usize>>) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         if checked_numel(&shape) != Some(self.numel()) {
-            return Err(TensorError::Reshape { from: self.shape.clone(), to: shape });
+            return Err(TensorError::Reshape { from: self.shape.to_vec(), to: shape });
         }
         let mut t = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
-        t.strides = contiguous_strides(&shape);
-        t.shape = shape;
+        t.strides = contiguous_dims(&shape);
+        t.shape = dims_from_vec(shape);
         Ok(t)
     }
 }
