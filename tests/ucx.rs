@@ -407,6 +407,69 @@ async fn a_close_reaches_the_peer_with_its_reason_and_releases_the_workers() {
     assert!(eventually(|| open_fds() <= fds).await, "{} descriptors, {fds} before: {:?}", open_fds(), fd_listing());
 }
 
+/// A receiver that goes away mid-tensor leaves nothing pending at the
+/// sender while the connection lives on: chunk payloads announced after it
+/// left are received into scratch memory and dropped (the connection's
+/// discard hook), so the sender's UCX sends complete, and the connection
+/// keeps serving other streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_receiver_leaves_no_send_pending_on_a_live_connection() {
+    let mut cfg = TransportConfig::default();
+    cfg.ucx.rendezvous_timeout = Duration::from_secs(5);
+    let (client, server) = connected(&cfg).await;
+    const PART: usize = 1 << 20;
+    const PARTS: usize = 24;
+    for round in 0..3 {
+        let frames: Vec<Frame> = (0..PARTS)
+            .map(|i| {
+                let c = v1::Chunk {
+                    tensor_id: 1,
+                    index: i as u32,
+                    offset: (i * PART) as u64,
+                    total_bytes: (PARTS * PART) as u64,
+                    raw_len: PART as u64,
+                    last: i + 1 == PARTS,
+                    compression: v1::Compression::None as i32,
+                    ..Default::default()
+                };
+                Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: vec![round as u8 + 1; PART].into() }
+            })
+            .collect();
+        let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+        let send = tokio::spawn(async move { tx.send_batch(frames, true).await });
+        let mut inc = server.accept().await.unwrap();
+        let first = inc.recv.recv().await.unwrap().expect("the first chunk");
+        assert!(matches!(first.payload, Payload::Bytes(ref b) if b.len() == PART && b[0] == round as u8 + 1));
+        // The receiver leaves with most of the tensor still on its way.
+        drop(inc);
+        // It may have handed everything to UCX before the STOP came back
+        // (then it finished) or not (then it failed): either way it returns.
+        tokio::time::timeout(Duration::from_secs(20), send).await.expect("the sender returns").unwrap().ok();
+        assert!(
+            eventually(|| ucx::stats().operations_outstanding == 0).await,
+            "round {round}: UCX operations left pending: {:?}",
+            ucx::stats()
+        );
+    }
+    // The connection still carries tensors.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    let payload = vec![9u8; 4 * PART];
+    let c = v1::Chunk {
+        tensor_id: 1,
+        raw_len: payload.len() as u64,
+        total_bytes: payload.len() as u64,
+        last: true,
+        compression: v1::Compression::None as i32,
+        ..Default::default()
+    };
+    let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
+    let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
+    let mut inc = server.accept().await.unwrap();
+    let r = inc.recv.recv().await.unwrap().expect("a chunk");
+    assert!(matches!(r.payload, Payload::Bytes(ref b) if b[..] == payload[..]));
+    send.await.unwrap().unwrap();
+}
+
 /// Puts land only in memory the receiver granted: a frame claiming a put
 /// without a grant, or outside the granted tensor, is refused; an ask the
 /// reader does not answer by placing the tensor is refused and the rest of

@@ -106,8 +106,8 @@ pub fn compression_from_wire(v: i32) -> Result<Compression, String> {
 
 /// The wire header of a tensor.
 pub fn info_to_wire(info: TensorInfo, codec: CodecKind) -> v1::TensorInfo {
-    // By value: the shape's `Vec<usize>` becomes the `Vec<u64>` in place,
-    // and name and metadata move.
+    // By value: the shape's `Vec<usize>` becomes the `Vec<u64>` in place
+    // (64-bit targets: same size and alignment), and name and metadata move.
     v1::TensorInfo {
         dtype: info.dtype.map_or(v1::Dtype::Unspecified, dtype_to_wire) as i32,
         shape: info.shape.into_iter().map(|d| d as u64).collect(),
@@ -126,7 +126,7 @@ pub fn info_to_wire(info: TensorInfo, codec: CodecKind) -> v1::TensorInfo {
 /// A tensor header from the wire, checked for sizes that overflow.
 pub fn info_from_wire(w: v1::TensorInfo) -> Result<(TensorInfo, CodecKind), String> {
     // By value: the shape's `Vec<u64>` becomes the `Vec<usize>` in place
-    // (same size and alignment), and name and metadata move.
+    // (64-bit targets: same size and alignment), and name and metadata move.
     let usize_of = |x: u64| usize::try_from(x).map_err(|_| format!("{x} does not fit in memory"));
     let shape = w.shape.into_iter().map(usize_of).collect::<Result<Vec<_>, _>>()?;
     let strides = if w.strides.is_empty() {

@@ -202,7 +202,7 @@ pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor,
         }
         _ => rng.fill_bytes(b),
     }
-    Ok(Tensor::new(dtype, shape.to_vec(), buf.freeze())?)
+    Ok(Tensor::with_shape(dtype, shape, buf.freeze())?)
 }
 
 #[cfg(test)]

@@ -85,7 +85,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let ctx = CallContext {
         peer: sess.peer.clone(),
         transport: sess.info.transport,
-        // The function's name lives on in the context (run_method looks it up there).
+        // The function's name lives on in the context (run_call looks it up there).
         function: std::mem::take(&mut req.function),
         deadline,
         cancel: Cancellation::default(),

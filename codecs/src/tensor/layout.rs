@@ -23,12 +23,16 @@ pub(crate) fn dims_from_vec(v: Vec<usize>) -> Dims {
 
 /// Row-major (C order) strides of `shape`, in elements, as [`Dims`].
 pub(crate) fn contiguous_dims(shape: &[usize]) -> Dims {
-    let mut strides = Dims::from_elem(0, shape.len());
+    // Filled from the last dimension and reversed: no zeroed allocation
+    // for a shape too long to keep inline (`vec![0; n]` asks the allocator
+    // for zeroed memory, a slower path).
+    let mut strides = Dims::with_capacity(shape.len());
     let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
+    for &d in shape.iter().rev() {
+        strides.push(acc);
         acc = acc.saturating_mul(d.max(1));
     }
+    strides.reverse();
     strides
 }
 

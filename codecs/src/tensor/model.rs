@@ -56,8 +56,9 @@ impl Tensor {
         Self::contiguous_over(dtype, dims_from_vec(shape.into()), Storage::Host(data.into()))
     }
 
-    /// [`Tensor::new`] with a borrowed shape: no `Vec` is made for it (a
-    /// shape of up to four dimensions is kept inline), what decoders use.
+    /// [`Tensor::new`] with a borrowed shape, what decoders use: a shape of
+    /// up to four dimensions is kept inline, with no allocation for it or
+    /// its strides (longer ones are copied to the heap).
     pub fn with_shape(dtype: DType, shape: &[usize], data: impl Into<Bytes>) -> Result<Self, TensorError> {
         Self::contiguous_over(dtype, Dims::from_slice(shape), Storage::Host(data.into()))
     }

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::frame::code;
-use super::shared::{Event, Events, Shared, StreamShared};
+use super::shared::{Event, Shared, StreamShared};
 use super::state::SendPoll;
 use super::writer::Out;
 use crate::sync::lock;
@@ -327,7 +327,8 @@ impl MuxRecv {
         // The sender abandoned the stream: frames still queued are dropped
         // (their credit returned), so a receiver stops at once instead of
         // working through what a cancelled call had sent.
-        let cost = lock(&self.stream.inner).events.as_mut().map_or(0, Events::discard);
+        let shared = &self.shared;
+        let cost = lock(&self.stream.inner).events.as_mut().map_or(0, |e| e.discard(|h| shared.discarded(h)));
         if cost > 0 {
             self.consumed(cost);
         }
@@ -395,7 +396,7 @@ impl Drop for MuxRecv {
         drop(inner);
         // Frames still queued count against the connection window until
         // released; the reader may be waiting for that room.
-        let cost = events.map_or(0, |mut e| e.discard());
+        let cost = events.map_or(0, |mut e| e.discard(|h| self.shared.discarded(h)));
         if cost > 0 {
             self.shared.buffered.fetch_sub(cost, Ordering::AcqRel);
             self.shared.budget_notify.notify_waiters();

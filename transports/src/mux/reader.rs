@@ -257,22 +257,33 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
                     .map_err(|e| shared.protocol(format!("stream {}: undecodable frame header: {e}", head.stream)))?,
             )
         };
+        // A frame nobody will read: its header goes to the transport's
+        // discard hook (the reader skips its payload).
+        let dropped = |header: Option<FrameHeader>| {
+            if let Some(h) = &header {
+                shared.discarded(h);
+            }
+            Ok(())
+        };
         let Some(s) = self.stream_for_data(head.stream)? else {
-            return Ok(());
+            return dropped(header);
         };
         let cost = head.meta_len as u64 + plen as u64;
-        let placement = {
+        let admitted = {
             let mut inner = lock(&s.inner);
             match inner.state.on_data_head(cost).map_err(|v| violation(shared, head.stream, v))? {
-                Admit::Discard => return Ok(()),
-                Admit::Deliver => match (&inner.placement, &header) {
+                Admit::Discard => None,
+                Admit::Deliver => Some(match (&inner.placement, &header) {
                     (Some(p), Some(h)) => h
                         .placement_offset()
                         .filter(|&(id, off)| p.accepts(id, off, plen))
                         .map(|(_, off)| (p.clone(), off)),
                     _ => None,
-                },
+                }),
             }
+        };
+        let Some(placement) = admitted else {
+            return dropped(header);
         };
         let payload = match placement {
             Some((p, off)) => {
@@ -285,19 +296,26 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
             }
             None => Payload::Bytes(self.read_payload().await?),
         };
-        {
+        let undelivered = {
             let inner = &mut *lock(&s.inner);
-            if inner.state.on_data_end(head.fin())
-                && let Some(ev) = &mut inner.events
-            {
-                if let Some(header) = header {
-                    shared.buffered.fetch_add(cost, Ordering::AcqRel);
-                    ev.send(Event::Frame(Received { header, payload }, cost));
+            let deliver = inner.state.on_data_end(head.fin());
+            match &mut inner.events {
+                Some(ev) if deliver => {
+                    if let Some(header) = header {
+                        shared.buffered.fetch_add(cost, Ordering::AcqRel);
+                        ev.send(Event::Frame(Received { header, payload }, cost));
+                    }
+                    if head.fin() {
+                        ev.send(Event::Fin);
+                    }
+                    None
                 }
-                if head.fin() {
-                    ev.send(Event::Fin);
-                }
+                // The receiver went away while the payload was read.
+                _ => header,
             }
+        };
+        if let Some(h) = &undelivered {
+            shared.discarded(h);
         }
         // Connection window: stop reading while too much sits unconsumed
         // (checked first without registering for a wake-up: the usual case).

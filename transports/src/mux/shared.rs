@@ -9,9 +9,10 @@
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
+use tensorwire_proto::v1::FrameHeader;
 use tokio::sync::Notify;
 
 use super::frame::{self, code};
@@ -71,9 +72,17 @@ impl Events {
         self.queue.pop_front()
     }
 
-    /// Drops what is queued; returns the credit of the frames dropped.
-    pub(crate) fn discard(&mut self) -> u64 {
-        self.queue.drain(..).map(|ev| if let Event::Frame(_, cost) = ev { cost } else { 0 }).sum()
+    /// Drops what is queued, showing each frame's header to `each`;
+    /// returns the credit of the frames dropped.
+    pub(crate) fn discard(&mut self, mut each: impl FnMut(&FrameHeader)) -> u64 {
+        let mut cost = 0;
+        for ev in self.queue.drain(..) {
+            if let Event::Frame(r, c) = ev {
+                each(&r.header);
+                cost += c;
+            }
+        }
+        cost
     }
 }
 
@@ -113,6 +122,12 @@ pub(crate) struct ConnState {
 }
 
 /// Everything one connection's tasks and handles share.
+/// What a transport does with the header of a DATA frame that nobody will
+/// read (its stream's receiver is gone, or the stream was refused or is
+/// over): `ucx://` receives and drops the payload such a frame announced
+/// through UCX, so that the peer's send of it completes.
+pub(crate) type DiscardHook = Box<dyn Fn(&FrameHeader) + Send + Sync>;
+
 pub(crate) struct Shared {
     pub(crate) peer: String,
     pub(crate) transport: &'static str,
@@ -133,6 +148,8 @@ pub(crate) struct Shared {
     /// Bytes of delivered, unconsumed frames.
     pub(crate) buffered: AtomicU64,
     pub(crate) budget_notify: Notify,
+    /// Set once by the transport that needs it (see [`DiscardHook`]).
+    pub(crate) discard_hook: OnceLock<DiscardHook>,
 }
 
 impl Shared {
@@ -141,6 +158,13 @@ impl Shared {
             .error
             .clone()
             .unwrap_or_else(|| StreamError::ConnectionClosed { peer: self.peer.clone(), reason: "closed".into() })
+    }
+
+    /// A DATA frame with this header is dropped unread.
+    pub(crate) fn discarded(&self, header: &FrameHeader) {
+        if let Some(hook) = self.discard_hook.get() {
+            hook(header);
+        }
     }
 
     /// Records that a frame arrived (the peer is alive); only the reader

@@ -143,14 +143,24 @@ async fn establish(
     let rd = UcxReader { worker: worker.clone() };
     let wr = UcxWriter::new(worker.clone(), control_wr, writer_gone_tx);
     let info = SocketInfo { peer: peer.clone(), transport: "ucx", local };
-    let inner: Arc<dyn Connection> = mux::establish(rd, wr, role, info, config).await.map_err(Failure::Mux)?;
+    let mux = mux::establish(rd, wr, role, info, config).await.map_err(Failure::Mux)?;
     let rv = Arc::new(Rendezvous {
         worker: worker.clone(),
         next_tag: AtomicU64::new(1),
         cfg: config.ucx.clone(),
         peer: peer.clone(),
         max_payload: u64::from(config.max_frame_payload),
+        scratch: Default::default(),
     });
+    // Frames of streams whose receiver is gone: their payloads are
+    // received and dropped, so the peer's sends complete.
+    let weak = Arc::downgrade(&rv);
+    mux.on_discard(Box::new(move |h| {
+        if let Some(rv) = weak.upgrade() {
+            rv.discard(h);
+        }
+    }));
+    let inner: Arc<dyn Connection> = mux;
     // Once the connection is closed and its writer has sent what it had
     // (or given up), stop the worker, failing what UCX still has
     // outstanding.

@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -37,8 +37,9 @@ use tokio::sync::oneshot;
 
 use super::answer::{Answer, Grant};
 use super::grant::{GRANT_BIT, GRANT_MAX, Region};
-use super::worker::{Landed, LockedRegion, Put, RecvTarget, WorkerHandle};
+use super::worker::{Landed, LockedRegion, Put, RecvResult, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
+use crate::sync::lock;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
 /// What the streams of one connection share.
@@ -49,9 +50,41 @@ pub(crate) struct Rendezvous {
     pub(crate) peer: String,
     /// Largest chunk payload this side accepts from the peer.
     pub(crate) max_payload: u64,
+    /// Scratch receives of payloads nobody reads (see
+    /// [`Rendezvous::discard`]) and their sizes.
+    pub(crate) scratch: Mutex<Vec<(oneshot::Receiver<RecvResult>, usize)>>,
 }
 
 impl Rendezvous {
+    /// A chunk frame this side will never read whose payload comes by tag:
+    /// its sender waits for the receive (UCX cannot cancel a send), so it
+    /// gets one, into a scratch buffer dropped once it lands, and a chunk
+    /// that asks for a grant gets its refusal. Scratch receives of the
+    /// connection hold at most `UcxConfig::max_in_flight` bytes at a time
+    /// (what one sender keeps in flight); past that a payload is left to
+    /// the sender, which stops on this side's STOP or reset, and its send
+    /// stays with its worker until the connection closes.
+    pub(crate) fn discard(&self, header: &v1::FrameHeader) {
+        let Some(Kind::Chunk(c)) = &header.kind else { return };
+        if c.ucx_tag == 0 || c.ucx_put || c.raw_len > self.max_payload {
+            return;
+        }
+        if c.ucx_grant {
+            drop(self.worker.send(GRANT_BIT | c.ucx_tag, Bytes::from(Answer::Refused.encode())));
+        }
+        let len = c.raw_len as usize;
+        let mut scratch = lock(&self.scratch);
+        // Receives that landed give their room back.
+        scratch.retain_mut(|(done, _)| matches!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        let held: usize = scratch.iter().map(|(_, n)| n).sum();
+        if held + len > self.cfg.max_in_flight {
+            return;
+        }
+        let done = self.worker.recv(c.ucx_tag, RecvTarget::Owned(vec![0; len]));
+        scratch.push((done, len));
+        super::worker::PAYLOADS_DISCARDED.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn closed(&self, what: &str, e: String) -> StreamError {
         let reason = self.worker.failure().unwrap_or(e);
         StreamError::ConnectionClosed { peer: self.peer.clone(), reason: format!("UCX {what} failed: {reason}") }
@@ -98,6 +131,11 @@ pub(crate) struct UcxSend {
     /// The puts of the held frames.
     puts: Vec<oneshot::Receiver<Result<(), String>>>,
     held_bytes: usize,
+    /// Payloads (and their tags) of converted chunk frames not yet accepted
+    /// by the connection: handed to UCX only once their frames are, so that
+    /// a send never waits for a receiver that cannot know its tag (a
+    /// stream stopped by its peer before the frame left).
+    unposted: Vec<(u64, Bytes)>,
 }
 
 impl UcxSend {
@@ -112,7 +150,28 @@ impl UcxSend {
             held: Vec::new(),
             puts: Vec::new(),
             held_bytes: 0,
+            unposted: Vec::new(),
         }
+    }
+
+    /// Sends `frames` (with `fin`, ends the stream), then hands the
+    /// payloads of the chunks among them to UCX; when the connection
+    /// refuses the frames, the payloads are dropped instead.
+    async fn send_out(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        let sent = if frames.is_empty() {
+            if fin { self.inner.finish().await } else { Ok(()) }
+        } else {
+            self.inner.send_batch(frames, fin).await
+        };
+        let unposted = std::mem::take(&mut self.unposted);
+        sent?;
+        for (tag, payload) in unposted {
+            let n = payload.len();
+            let rx = self.rv.worker.send(tag, payload);
+            self.in_flight.push_back((n, rx));
+            self.in_flight_bytes += n;
+        }
+        Ok(())
     }
 
     /// True when `frame` is a chunk of the tensor whose grant was asked.
@@ -223,7 +282,7 @@ impl UcxSend {
                 // The chunk that asked must reach the receiver first.
                 self.release(&mut out).await?;
                 if !out.is_empty() {
-                    self.inner.send_batch(std::mem::take(&mut out), false).await?;
+                    self.send_out(std::mem::take(&mut out), false).await?;
                 }
                 self.take_answer().await?;
             }
@@ -242,18 +301,13 @@ impl UcxSend {
         if fin {
             self.release(&mut out).await?;
         }
-        if out.is_empty() {
-            if fin {
-                self.inner.finish().await?;
-            }
-        } else {
-            self.inner.send_batch(out, fin).await?;
-        }
+        self.send_out(out, fin).await?;
         if fin { self.drain().await } else { self.throttle().await }
     }
 
-    /// Hands a large chunk payload to UCX and returns the frame to send in
-    /// its place; other frames pass unchanged.
+    /// Takes a large chunk's payload (for UCX, once the frame is sent:
+    /// `send_out`) and returns the frame to send in its place; other frames
+    /// pass unchanged.
     fn convert(&mut self, mut frame: Frame) -> Frame {
         let big = match &frame.header.kind {
             Some(Kind::Chunk(c)) => {
@@ -269,8 +323,7 @@ impl UcxSend {
         }
         let tag = self.rv.next_tag.fetch_add(1, Ordering::Relaxed);
         let payload = std::mem::take(&mut frame.payload);
-        let n = payload.len();
-        let rx = self.rv.worker.send(tag, payload);
+        self.unposted.push((tag, payload));
         if let Some(Kind::Chunk(c)) = &mut frame.header.kind {
             c.ucx_tag = tag;
             // A large tensor's first chunk asks for memory for the rest.
@@ -285,16 +338,15 @@ impl UcxSend {
                 self.asked = Some(Asked { tensor_id: c.tensor_id, total: c.total_bytes, tag, answer });
             }
         }
-        self.in_flight.push_back((n, rx));
-        self.in_flight_bytes += n;
         frame
     }
 
     /// Waits for the oldest tagged send to complete. A peer that stopped
-    /// reading this stream never receives the payloads of its discarded
-    /// frames (and UCX cannot cancel a send), so that ends the wait at
-    /// once with the stream's error; the payloads stay with the worker
-    /// until UCX is done with them or the connection closes.
+    /// reading this stream ends the wait at once with the stream's error:
+    /// it receives the payloads of the frames it drops only into scratch
+    /// memory ([`Rendezvous::discard`], bounded), and UCX cannot cancel a
+    /// send, so a payload it leaves stays with the worker until the
+    /// connection closes.
     async fn wait_oldest(&mut self) -> Result<(), StreamError> {
         let Some((n, rx)) = self.in_flight.pop_front() else { return Ok(()) };
         self.in_flight_bytes -= n;
@@ -353,6 +405,7 @@ impl SendStream for UcxSend {
         self.held.clear();
         self.puts.clear();
         self.held_bytes = 0;
+        self.unposted.clear();
         self.inner.reset(code)
     }
 
@@ -503,40 +556,18 @@ impl UcxRecv {
         Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
     }
 
-    /// Frames this side will never read whose payloads come by tag: their
-    /// sender waits for the receives (UCX cannot cancel a send), so each
-    /// gets one, into a scratch buffer dropped once it lands, and a chunk
-    /// that asks for a grant gets its refusal. Covers the frames already
-    /// here (read ahead, or queued by the connection: all of them once the
-    /// sender's end arrived), up to as much scratch memory as a sender
-    /// keeps in flight (`UcxConfig::max_in_flight`); a sender waiting for
-    /// later ones stops when the connection tells it this side stopped
-    /// reading (their sends then stay with its worker until the connection
-    /// closes).
+    /// Frames this side will never read whose payloads come by tag, already
+    /// here (read ahead, or queued by the connection): each goes to
+    /// [`Rendezvous::discard`]. Frames that arrive later reach it through
+    /// the connection's discard hook.
     fn discard_unread(&mut self) {
-        let mut unread: Vec<Received> = std::mem::take(&mut self.ahead)
-            .into_iter()
-            .filter_map(|a| match a {
-                Ahead::Frame(r) => Some(r),
-                _ => None,
-            })
-            .collect();
-        while let Some(Ok(Some(r))) = self.inner.try_recv() {
-            unread.push(r);
+        for a in std::mem::take(&mut self.ahead) {
+            if let Ahead::Frame(r) = a {
+                self.rv.discard(&r.header);
+            }
         }
-        let mut scratch = 0usize;
-        for r in unread {
-            let Ok(Some((tag, _, len, _))) = self.ucx_chunk(&r) else { continue };
-            if let Some(Kind::Chunk(c)) = &r.header.kind
-                && c.ucx_grant
-            {
-                drop(self.rv.worker.send(GRANT_BIT | tag, Bytes::from(Answer::Refused.encode())));
-            }
-            scratch += len;
-            if scratch > self.rv.cfg.max_in_flight {
-                break;
-            }
-            drop(self.rv.worker.recv(tag, RecvTarget::Owned(vec![0; len])));
+        while let Some(Ok(Some(r))) = self.inner.try_recv() {
+            self.rv.discard(&r.header);
         }
     }
 

@@ -55,6 +55,7 @@ static ABANDONED: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_SENT: AtomicU64 = AtomicU64::new(0);
 static FRAME_BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_PUT: AtomicU64 = AtomicU64::new(0);
+pub(crate) static PAYLOADS_DISCARDED: AtomicU64 = AtomicU64::new(0);
 /// Set when the process exits: every progress thread tears down.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
@@ -117,6 +118,10 @@ pub struct UcxStats {
     /// Regions allocated since the start (a steady stream of tensors
     /// reuses them through the receive pool).
     pub regions_allocated: u64,
+    /// Chunk payloads nobody read (their stream's receiver was gone)
+    /// received into scratch memory and dropped, so that their senders'
+    /// sends complete.
+    pub payloads_discarded: u64,
 }
 
 /// Counts payload bytes a peer put into granted memory (the receiver sees
@@ -139,6 +144,7 @@ pub fn stats() -> UcxStats {
         grants: grant::GRANTS.load(Ordering::Relaxed),
         regions: grant::REGIONS.load(Ordering::Relaxed),
         regions_allocated: grant::REGIONS_ALLOCATED.load(Ordering::Relaxed),
+        payloads_discarded: PAYLOADS_DISCARDED.load(Ordering::Relaxed),
     }
 }
 
