@@ -451,6 +451,39 @@ async fn a_dropped_receiver_leaves_no_send_pending_on_a_live_connection() {
             ucx::stats()
         );
     }
+    // A sender that goes on after the STOP came back: its frames are
+    // refused, and their payloads never reach UCX (nothing waits for a
+    // receive that cannot come).
+    let chunk = |index: usize| {
+        let c = v1::Chunk {
+            tensor_id: 1,
+            index: index as u32,
+            offset: (index * PART) as u64,
+            total_bytes: (8 * PART) as u64,
+            raw_len: PART as u64,
+            last: index == 7,
+            compression: v1::Compression::None as i32,
+            ..Default::default()
+        };
+        Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: vec![7u8; PART].into() }
+    };
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(0)], false).await.unwrap();
+    let mut inc = server.accept().await.unwrap();
+    assert!(inc.recv.recv().await.unwrap().is_some());
+    drop(inc);
+    tokio::time::timeout(Duration::from_secs(10), tx.stopped()).await.expect("the STOP arrives");
+    let before = ucx::stats();
+    let late = tx.send_batch((1..8).map(chunk).collect(), true).await;
+    assert!(late.is_err(), "frames sent after the STOP");
+    assert!(
+        eventually(|| ucx::stats().operations_outstanding == 0).await,
+        "sends left pending after a refused batch: {:?}",
+        ucx::stats()
+    );
+    assert_eq!(ucx::stats().payloads_discarded, before.payloads_discarded, "nothing reached the receiver");
+    drop(tx);
+
     // The connection still carries tensors.
     let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
     let payload = vec![9u8; 4 * PART];

@@ -366,9 +366,9 @@ pub struct Piece {
     pub bytes: Bytes,
     /// This is the tensor's last piece.
     pub last: bool,
-    /// The CRC-32C these bytes were sent with and the chunk's index, when
-    /// the consumer must still verify them before use.
-    pub check: Option<(u32, u32)>,
+    /// The CRC-32C these bytes were sent with, when the consumer must still
+    /// verify them before use.
+    pub check: Option<u32>,
 }
 
 /// What feeding a chunk to an [`Assembly`] gave.
@@ -528,7 +528,7 @@ impl Assembly {
     pub fn push_out(&mut self, c: &mut v1::Chunk, payload: Bytes) -> Result<Piece, ChunkError> {
         if c.compression == v1::Compression::None as i32 && c.shuffle <= 1 {
             let plan = self.reasm.plan(c, payload.len())?;
-            let check = c.chunk_crc32c.map(|expected| (expected, c.index));
+            let check = c.chunk_crc32c;
             return Ok(Piece { offset: plan.offset, bytes: payload, last: plan.last, check });
         }
         verify(c, &payload)?;
@@ -663,7 +663,7 @@ mod tests {
             ..Default::default()
         };
         let p = a.push_out(&mut c, payload.clone()).unwrap();
-        assert_eq!((p.offset, p.last, p.check), (0, true, Some((77, 0))));
+        assert_eq!((p.offset, p.last, p.check), (0, true, Some(77)));
         assert_eq!(p.bytes.as_ptr(), payload.as_ptr(), "no copy");
         let mut bomb = v1::Chunk {
             tensor_id: 2,

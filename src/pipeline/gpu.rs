@@ -89,7 +89,7 @@ pub(crate) async fn next_to_gpu(r: &mut FrameReader, gpu: &Arc<Gpu>) -> Result<I
                     )));
                 }
                 next += p.bytes.len();
-                let Some((expected, _)) = p.check else {
+                let Some(expected) = p.check else {
                     crc = None;
                     continue;
                 };

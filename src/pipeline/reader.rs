@@ -543,7 +543,7 @@ mod tests {
             let (mut got, mut piece, mut pieces, mut checks, mut combined) = (Vec::new(), first, 0, 0, 0u32);
             loop {
                 assert_eq!(piece.offset, got.len(), "pieces come in order");
-                if let Some((expected, _)) = piece.check {
+                if let Some(expected) = piece.check {
                     assert_eq!(expected, checksum::crc32c(&piece.bytes), "a piece's checksum is left to check");
                     checks += 1;
                 }

@@ -146,7 +146,9 @@ pub struct UcxConfig {
     /// Smallest uncompressed chunk payload sent through UCX (default 64 KiB).
     pub min_chunk_bytes: usize,
     /// Payload bytes one stream may have handed to UCX and not yet seen
-    /// delivered; the sender waits beyond it (default 256 MiB).
+    /// delivered; the sender waits beyond it (default 256 MiB). Also the
+    /// most scratch memory a connection receives the payloads of frames
+    /// nobody reads into (a dropped receiver's), at a time.
     pub max_in_flight: usize,
     /// A payload not delivered (sender) or not arrived (receiver) within
     /// this long fails its stream: the peer stopped reading or lied about a

@@ -110,12 +110,23 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
             }
             Kind::Reset => {
                 if let Some(s) = lookup(shared, head.stream) {
-                    let inner = &mut *lock(&s.inner);
-                    if inner.state.on_reset() {
-                        inner.reset = Some(head.value);
-                        if let Some(ev) = &mut inner.events {
-                            ev.send(Event::Reset(head.value));
+                    let refused = head.value == code::REFUSED;
+                    {
+                        let inner = &mut *lock(&s.inner);
+                        if inner.state.on_reset() {
+                            inner.reset = Some(head.value);
+                            if let Some(ev) = &mut inner.events {
+                                ev.send(Event::Reset(head.value));
+                            }
                         }
+                        // A refused stream is read by nobody: its sender
+                        // stops as on a STOP.
+                        if refused {
+                            inner.state.on_stop(head.value);
+                        }
+                    }
+                    if refused {
+                        s.send_notify.notify_waiters();
                     }
                 }
             }

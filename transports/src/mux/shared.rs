@@ -121,13 +121,13 @@ pub(crate) struct ConnState {
     pub(crate) error: Option<StreamError>,
 }
 
-/// Everything one connection's tasks and handles share.
 /// What a transport does with the header of a DATA frame that nobody will
 /// read (its stream's receiver is gone, or the stream was refused or is
 /// over): `ucx://` receives and drops the payload such a frame announced
 /// through UCX, so that the peer's send of it completes.
 pub(crate) type DiscardHook = Box<dyn Fn(&FrameHeader) + Send + Sync>;
 
+/// Everything one connection's tasks and handles share.
 pub(crate) struct Shared {
     pub(crate) peer: String,
     pub(crate) transport: &'static str,

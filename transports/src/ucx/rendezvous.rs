@@ -5,11 +5,17 @@
 //!
 //! ```text
 //!   sender                                          receiver
-//!   ucp_tag_send_nbx(tag, payload)  ── RTS ──►   (UCX: unexpected until posted)
 //!   frame {chunk, ucx_tag: tag} ─── mux ───────►  recv(): allocate raw_len,
-//!                                                 ucp_tag_recv_nbx(tag) ── GET/PUT (rendezvous)
+//!   (once the connection took it)                 ucp_tag_recv_nbx(tag) (posted: expected)
+//!   ucp_tag_send_nbx(tag, payload)  ── RTS ──►    ── GET/PUT (rendezvous)
 //!   send completes ◄──────────── ATS ──────────── receive completes: Payload::Bytes
 //! ```
+//!
+//! A payload goes to UCX only after the connection accepted its frame: a
+//! send the receiver cannot know about (its frame refused because the peer
+//! stopped reading) would wait until the connection closes, as UCX cannot
+//! cancel a send. Frames the receiver drops unread still get their
+//! payloads received, into scratch memory ([`Rendezvous::discard`]).
 //!
 //! Where the connection's UCX context has only shared-memory transports,
 //! a large tensor goes by **puts** after its first chunk: the sender asks
@@ -27,8 +33,8 @@
 //! the stream so that a delivery error reaches the sender.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -37,9 +43,8 @@ use tokio::sync::oneshot;
 
 use super::answer::{Answer, Grant};
 use super::grant::{GRANT_BIT, GRANT_MAX, Region};
-use super::worker::{Landed, LockedRegion, Put, RecvResult, RecvTarget, WorkerHandle};
+use super::worker::{Landed, LockedRegion, Put, RecvTarget, WorkerHandle};
 use crate::config::UcxConfig;
-use crate::sync::lock;
 use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
 
 /// What the streams of one connection share.
@@ -50,9 +55,9 @@ pub(crate) struct Rendezvous {
     pub(crate) peer: String,
     /// Largest chunk payload this side accepts from the peer.
     pub(crate) max_payload: u64,
-    /// Scratch receives of payloads nobody reads (see
-    /// [`Rendezvous::discard`]) and their sizes.
-    pub(crate) scratch: Mutex<Vec<(oneshot::Receiver<RecvResult>, usize)>>,
+    /// Bytes of scratch receives of payloads nobody reads (see
+    /// [`Rendezvous::discard`]) not completed yet.
+    pub(crate) scratch: Arc<AtomicUsize>,
 }
 
 impl Rendezvous {
@@ -62,8 +67,9 @@ impl Rendezvous {
     /// that asks for a grant gets its refusal. Scratch receives of the
     /// connection hold at most `UcxConfig::max_in_flight` bytes at a time
     /// (what one sender keeps in flight); past that a payload is left to
-    /// the sender, which stops on this side's STOP or reset, and its send
-    /// stays with its worker until the connection closes.
+    /// the sender, which stops on this side's STOP (or a reset refusing
+    /// the stream), and its send stays with its worker until the
+    /// connection closes.
     pub(crate) fn discard(&self, header: &v1::FrameHeader) {
         let Some(Kind::Chunk(c)) = &header.kind else { return };
         if c.ucx_tag == 0 || c.ucx_put || c.raw_len > self.max_payload {
@@ -73,16 +79,26 @@ impl Rendezvous {
             drop(self.worker.send(GRANT_BIT | c.ucx_tag, Bytes::from(Answer::Refused.encode())));
         }
         let len = c.raw_len as usize;
-        let mut scratch = lock(&self.scratch);
-        // Receives that landed give their room back.
-        scratch.retain_mut(|(done, _)| matches!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-        let held: usize = scratch.iter().map(|(_, n)| n).sum();
-        if held + len > self.cfg.max_in_flight {
+        // The receive's completion gives its room back (and drops the
+        // buffer at once): a task of the runtime waits for it. Without a
+        // runtime the payload is left to the sender.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let held = &self.scratch;
+        if held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                (h + len <= self.cfg.max_in_flight).then_some(h + len)
+            })
+            .is_err()
+        {
             return;
         }
         let done = self.worker.recv(c.ucx_tag, RecvTarget::Owned(vec![0; len]));
-        scratch.push((done, len));
         super::worker::PAYLOADS_DISCARDED.fetch_add(1, Ordering::Relaxed);
+        let held = held.clone();
+        rt.spawn(async move {
+            drop(done.await);
+            held.fetch_sub(len, Ordering::AcqRel);
+        });
     }
 
     fn closed(&self, what: &str, e: String) -> StreamError {
@@ -108,7 +124,8 @@ struct Asked {
     tensor_id: u64,
     total: u64,
     tag: u64,
-    answer: oneshot::Receiver<super::worker::RecvResult>,
+    /// The receive of the answer, posted once the asking frame is sent.
+    answer: Option<oneshot::Receiver<super::worker::RecvResult>>,
 }
 
 /// Memory the receiver granted for the rest of one tensor.
@@ -132,10 +149,11 @@ pub(crate) struct UcxSend {
     puts: Vec<oneshot::Receiver<Result<(), String>>>,
     held_bytes: usize,
     /// Payloads (and their tags) of converted chunk frames not yet accepted
-    /// by the connection: handed to UCX only once their frames are, so that
-    /// a send never waits for a receiver that cannot know its tag (a
-    /// stream stopped by its peer before the frame left).
-    unposted: Vec<(u64, Bytes)>,
+    /// by the connection, in frame order: handed to UCX only once their
+    /// frames are (`send_out`), so that a send never waits for a receiver
+    /// that cannot know its tag (a stream stopped by its peer before the
+    /// frame left).
+    unposted: VecDeque<(u64, Bytes)>,
 }
 
 impl UcxSend {
@@ -150,28 +168,66 @@ impl UcxSend {
             held: Vec::new(),
             puts: Vec::new(),
             held_bytes: 0,
-            unposted: Vec::new(),
+            unposted: VecDeque::new(),
         }
     }
 
-    /// Sends `frames` (with `fin`, ends the stream), then hands the
-    /// payloads of the chunks among them to UCX; when the connection
-    /// refuses the frames, the payloads are dropped instead.
+    /// Sends `frames` (with `fin`, ends the stream), each chunk frame that
+    /// names a tag ending a batch of its own, whose payload (and, for the
+    /// chunk that asks for a grant, the answer's receive) goes to UCX as
+    /// soon as the connection accepted the batch. A refused batch leaves
+    /// nothing with UCX (and no frame after it is sent).
     async fn send_out(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
-        let sent = if frames.is_empty() {
-            if fin { self.inner.finish().await } else { Ok(()) }
-        } else {
-            self.inner.send_batch(frames, fin).await
-        };
-        let unposted = std::mem::take(&mut self.unposted);
-        sent?;
-        for (tag, payload) in unposted {
-            let n = payload.len();
-            let rx = self.rv.worker.send(tag, payload);
-            self.in_flight.push_back((n, rx));
-            self.in_flight_bytes += n;
+        let sent = self.send_out_inner(frames, fin).await;
+        if sent.is_err() {
+            self.unposted.clear();
+            if self.asked.as_ref().is_some_and(|a| a.answer.is_none()) {
+                self.asked = None;
+            }
+        }
+        sent
+    }
+
+    async fn send_out_inner(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        if frames.is_empty() {
+            return if fin { self.inner.finish().await } else { Ok(()) };
+        }
+        let n = frames.len();
+        let mut batch = Vec::with_capacity(n);
+        for (i, f) in frames.into_iter().enumerate() {
+            let tag = match &f.header.kind {
+                Some(Kind::Chunk(c)) if c.ucx_tag != 0 => c.ucx_tag,
+                _ => 0,
+            };
+            batch.push(f);
+            let last = i + 1 == n;
+            if tag == 0 && !last {
+                continue;
+            }
+            self.inner.send_batch(std::mem::take(&mut batch), fin && last).await?;
+            if tag != 0 {
+                self.post(tag);
+            }
         }
         Ok(())
+    }
+
+    /// Hands the payload of the sent chunk frame naming `tag` to UCX (and
+    /// posts the receive of the answer to its grant ask, if it asked).
+    fn post(&mut self, tag: u64) {
+        if let Some(a) = self.asked.as_mut().filter(|a| a.tag == tag && a.answer.is_none()) {
+            a.answer = Some(self.rv.worker.recv(GRANT_BIT | tag, RecvTarget::Owned(vec![0; GRANT_MAX])));
+        }
+        // A frame that came with a tag of its own (not made by `convert`)
+        // has no payload here.
+        if self.unposted.front().is_none_or(|(t, _)| *t != tag) {
+            return;
+        }
+        let Some((t, payload)) = self.unposted.pop_front() else { return };
+        let n = payload.len();
+        let rx = self.rv.worker.send(t, payload);
+        self.in_flight.push_back((n, rx));
+        self.in_flight_bytes += n;
     }
 
     /// True when `frame` is a chunk of the tensor whose grant was asked.
@@ -182,10 +238,12 @@ impl UcxSend {
     /// Waits for the receiver's answer to the grant asked for.
     async fn take_answer(&mut self) -> Result<(), StreamError> {
         let Some(a) = self.asked.take() else { return Ok(()) };
+        // Not posted: the asking frame never left (its send failed).
+        let Some(answer) = a.answer else { return Ok(()) };
         // A receiver that stopped reading may never answer.
         let answered = tokio::select! {
             biased;
-            r = tokio::time::timeout(self.rv.cfg.rendezvous_timeout, a.answer) => r,
+            r = tokio::time::timeout(self.rv.cfg.rendezvous_timeout, answer) => r,
             e = self.inner.stopped() => return Err(e),
         };
         let landed = match answered {
@@ -276,6 +334,9 @@ impl UcxSend {
     /// frames after the flush), large chunks by tag, the rest as they are;
     /// waits for a grant's answer before the chunk after the one that asked.
     async fn send_frames(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
+        // Left by a call that failed or was cancelled before its frames
+        // left: never to be sent.
+        self.unposted.clear();
         let mut out: Vec<Frame> = Vec::with_capacity(frames.len());
         for f in frames {
             if self.awaits_answer(&f) {
@@ -323,7 +384,7 @@ impl UcxSend {
         }
         let tag = self.rv.next_tag.fetch_add(1, Ordering::Relaxed);
         let payload = std::mem::take(&mut frame.payload);
-        self.unposted.push((tag, payload));
+        self.unposted.push_back((tag, payload));
         if let Some(Kind::Chunk(c)) = &mut frame.header.kind {
             c.ucx_tag = tag;
             // A large tensor's first chunk asks for memory for the rest.
@@ -334,8 +395,7 @@ impl UcxSend {
                 && self.asked.is_none()
             {
                 c.ucx_grant = true;
-                let answer = self.rv.worker.recv(GRANT_BIT | tag, RecvTarget::Owned(vec![0; GRANT_MAX]));
-                self.asked = Some(Asked { tensor_id: c.tensor_id, total: c.total_bytes, tag, answer });
+                self.asked = Some(Asked { tensor_id: c.tensor_id, total: c.total_bytes, tag, answer: None });
             }
         }
         frame
@@ -556,18 +616,15 @@ impl UcxRecv {
         Ok(Some(Payload::Placed { offset: c.offset, len: c.raw_len as usize }))
     }
 
-    /// Frames this side will never read whose payloads come by tag, already
-    /// here (read ahead, or queued by the connection): each goes to
-    /// [`Rendezvous::discard`]. Frames that arrive later reach it through
-    /// the connection's discard hook.
+    /// Frames this side read ahead and will never return: each goes to
+    /// [`Rendezvous::discard`]. Those still queued by the connection, and
+    /// those that arrive later, reach it through the connection's discard
+    /// hook (when the inner stream drops).
     fn discard_unread(&mut self) {
         for a in std::mem::take(&mut self.ahead) {
             if let Ahead::Frame(r) = a {
                 self.rv.discard(&r.header);
             }
-        }
-        while let Some(Ok(Some(r))) = self.inner.try_recv() {
-            self.rv.discard(&r.header);
         }
     }
 
