@@ -110,22 +110,17 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
             }
             Kind::Reset => {
                 if let Some(s) = lookup(shared, head.stream) {
-                    let refused = head.value == code::REFUSED;
                     {
                         let inner = &mut *lock(&s.inner);
-                        if inner.state.on_reset() {
+                        if inner.state.on_reset(head.value) {
                             inner.reset = Some(head.value);
                             if let Some(ev) = &mut inner.events {
                                 ev.send(Event::Reset(head.value));
                             }
                         }
-                        // A refused stream is read by nobody: its sender
-                        // stops as on a STOP.
-                        if refused {
-                            inner.state.on_stop(head.value);
-                        }
                     }
-                    if refused {
+                    // A refused stream's sender stops (see `on_reset`).
+                    if head.value == code::REFUSED {
                         s.send_notify.notify_waiters();
                     }
                 }

@@ -388,8 +388,13 @@ impl StreamState {
         Ok(self.send.grant(increment)?)
     }
 
-    /// RESET from the peer. True: deliver the reset to the receiver.
-    pub fn on_reset(&mut self) -> bool {
+    /// RESET from the peer with `code`. True: deliver the reset to the
+    /// receiver. A [`code::REFUSED`] stream is read by nobody: its sending
+    /// direction stops as on a STOP (wake the sender).
+    pub fn on_reset(&mut self, code: u32) -> bool {
+        if code == code::REFUSED {
+            self.on_stop(code);
+        }
         let open = self.recv_half == RecvHalf::Open;
         if open {
             self.recv_half = RecvHalf::Reset;
@@ -495,10 +500,10 @@ mod tests {
         assert!(st.on_data_end(true));
         assert_eq!(st.on_data_head(0), Err(Violation::DataAfterEnd));
         assert_eq!(st.on_consumed(10), None, "no credit back after FIN");
-        assert!(!st.on_reset(), "RESET after FIN is not delivered");
+        assert!(!st.on_reset(code::CANCELLED), "RESET after FIN is not delivered");
 
         let mut st = StreamState::new(100, 100);
-        assert!(st.on_reset());
+        assert!(st.on_reset(code::CANCELLED));
         assert_eq!(st.on_data_head(1), Err(Violation::DataAfterEnd));
 
         let mut st = StreamState::new(100, 100);
@@ -591,7 +596,7 @@ mod tests {
                     }
                     Op::Reset => {
                         if tx.reset() {
-                            rx.on_reset();
+                            rx.on_reset(code::CANCELLED);
                         }
                     }
                     Op::DropRecv => {
@@ -660,7 +665,7 @@ mod tests {
                         Err(_) => {}
                     },
                     1 => { let _ = st.on_window(v); }
-                    2 => ended |= st.on_reset(),
+                    2 => ended |= st.on_reset(v),
                     _ => st.on_stop(v),
                 }
                 prop_assert!(st.send_credit() <= 1 << 16);

@@ -223,9 +223,9 @@ impl UcxSend {
         if self.unposted.front().is_none_or(|(t, _)| *t != tag) {
             return;
         }
-        let Some((t, payload)) = self.unposted.pop_front() else { return };
+        let Some((_, payload)) = self.unposted.pop_front() else { return };
         let n = payload.len();
-        let rx = self.rv.worker.send(t, payload);
+        let rx = self.rv.worker.send(tag, payload);
         self.in_flight.push_back((n, rx));
         self.in_flight_bytes += n;
     }
