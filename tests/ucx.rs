@@ -251,6 +251,12 @@ async fn frames_that_lie_about_ucx_payloads_are_refused_without_a_hang() {
     tx.send_batch(vec![chunk(999, 100, Vec::new())], true).await.unwrap();
     let e = next_error().await;
     assert!(e.contains("not completed within"), "{e}");
+    // ... and lets go of it: nothing stays posted with UCX.
+    assert!(
+        eventually(|| ucx::stats().operations_outstanding == 0).await,
+        "the timed-out receive is still posted: {:?}",
+        ucx::stats()
+    );
 
     // A payload declared larger than this side accepts.
     let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
@@ -496,6 +502,79 @@ async fn a_dropped_receiver_leaves_no_send_pending_on_a_live_connection() {
         ..Default::default()
     };
     let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
+    let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
+    let mut inc = server.accept().await.unwrap();
+    let r = inc.recv.recv().await.unwrap().expect("a chunk");
+    assert!(matches!(r.payload, Payload::Bytes(ref b) if b[..] == payload[..]));
+    send.await.unwrap().unwrap();
+}
+
+/// Payloads a peer announces for a stream nobody reads and never sends are
+/// given up after the rendezvous timeout: the scratch receives (or the
+/// receives posted while reading ahead) are cancelled and their buffers
+/// freed, and the connection carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_announced_for_a_dropped_receiver_and_never_sent_are_given_up() {
+    let mut cfg = TransportConfig::default();
+    cfg.ucx.rendezvous_timeout = Duration::from_secs(1);
+    let (client, server) = connected(&cfg).await;
+    let chunk = |index: u32, ucx_tag: u64, payload: Vec<u8>| {
+        let raw_len = if ucx_tag == 0 { payload.len() as u64 } else { 1 << 20 };
+        let c = v1::Chunk {
+            tensor_id: 1,
+            index,
+            offset: u64::from(index) << 20,
+            total_bytes: 4 << 20,
+            raw_len,
+            last: index == 3,
+            ucx_tag,
+            compression: v1::Compression::None as i32,
+            ..Default::default()
+        };
+        Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.into() }
+    };
+    for round in 0..3u64 {
+        // The first chunk comes in the frame (too small to go by tag);
+        // three more are announced by tags this peer never sends.
+        let frames = vec![
+            chunk(0, 0, vec![1u8; 1 << 10]),
+            chunk(1, 9000 + 10 * round, Vec::new()),
+            chunk(2, 9001 + 10 * round, Vec::new()),
+            chunk(3, 9002 + 10 * round, Vec::new()),
+        ];
+        let before = ucx::stats().payloads_discarded;
+        let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+        tx.send_batch(frames, true).await.unwrap();
+        let mut inc = server.accept().await.unwrap();
+        let first = inc.recv.recv().await.unwrap().expect("the first chunk");
+        assert!(matches!(first.payload, Payload::Bytes(ref b) if b.len() == 1 << 10));
+        drop(inc);
+        // The three announced payloads get scratch receives, posted ...
+        assert!(
+            eventually(|| ucx::stats().payloads_discarded == before + 3 && ucx::stats().operations_outstanding >= 3)
+                .await,
+            "round {round}: no scratch receives: {:?}",
+            ucx::stats()
+        );
+        // ... which are cancelled once the timeout has passed.
+        assert!(
+            eventually(|| ucx::stats().operations_outstanding == 0).await,
+            "round {round}: receives of payloads that never came are still posted: {:?}",
+            ucx::stats()
+        );
+    }
+    // The connection still carries a tensor whose payload goes by tag.
+    let payload = vec![9u8; 4 << 20];
+    let c = v1::Chunk {
+        tensor_id: 1,
+        raw_len: payload.len() as u64,
+        total_bytes: payload.len() as u64,
+        last: true,
+        compression: v1::Compression::None as i32,
+        ..Default::default()
+    };
+    let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
     let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
     let mut inc = server.accept().await.unwrap();
     let r = inc.recv.recv().await.unwrap().expect("a chunk");

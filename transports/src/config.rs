@@ -152,7 +152,8 @@ pub struct UcxConfig {
     pub max_in_flight: usize,
     /// A payload not delivered (sender) or not arrived (receiver) within
     /// this long fails its stream: the peer stopped reading or lied about a
-    /// payload (default 60 s).
+    /// payload (default 60 s); a receive that times out is cancelled, its
+    /// buffer freed (as is a scratch receive of a payload nobody reads).
     pub rendezvous_timeout: Duration,
     /// Tensors of at least this many payload bytes ask the receiver for
     /// memory to put their chunks into, where the connection's UCX context

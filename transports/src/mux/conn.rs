@@ -64,11 +64,28 @@ pub struct SocketInfo {
 /// Exchanges prefaces on a fresh socket and starts the reader and writer
 /// tasks. Both sides send their preface first, then read the peer's.
 pub async fn establish<R, W>(
+    rd: R,
+    wr: W,
+    role: Role,
+    info: SocketInfo,
+    config: &TransportConfig,
+) -> Result<Arc<MuxConnection>, EstablishError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: MuxWrite,
+{
+    establish_with(rd, wr, role, info, config, None).await
+}
+
+/// [`establish`], with what the transport does with frames dropped unread
+/// (see [`DiscardHook`]), in place before the reader starts.
+pub(crate) async fn establish_with<R, W>(
     mut rd: R,
     mut wr: W,
     role: Role,
     info: SocketInfo,
     config: &TransportConfig,
+    discard_hook: Option<DiscardHook>,
 ) -> Result<Arc<MuxConnection>, EstablishError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -126,7 +143,7 @@ where
         closed_notify: Notify::new(),
         buffered: AtomicU64::new(0),
         budget_notify: Notify::new(),
-        discard_hook: std::sync::OnceLock::new(),
+        discard_hook,
     });
     let sh = shared.clone();
     tokio::spawn(async move {
@@ -194,13 +211,6 @@ impl Drop for MuxConnection {
 }
 
 impl MuxConnection {
-    /// Sets what the transport does with frames dropped unread (see
-    /// [`DiscardHook`]); only the first call counts.
-    #[cfg_attr(not(feature = "ucx"), allow(dead_code))] // only ucx:// needs it
-    pub(crate) fn on_discard(&self, hook: DiscardHook) {
-        let _ = self.shared.discard_hook.set(hook);
-    }
-
     /// Opens a stream: its two halves as they are (a wrapper such as the
     /// shared-memory connection keeps them unboxed, so its calls into them
     /// make no boxed futures).
@@ -284,7 +294,8 @@ mod tests {
         Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: Bytes::from(vec![index as u8; 8]) }
     }
 
-    async fn pair() -> (Arc<MuxConnection>, Arc<MuxConnection>) {
+    /// A connection pair whose server side has `hook`.
+    async fn pair(hook: Option<DiscardHook>) -> (Arc<MuxConnection>, Arc<MuxConnection>) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (c, s) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
         let (c, (s, _)) = (c.unwrap(), s.unwrap());
@@ -293,7 +304,7 @@ mod tests {
         let ((crd, cwr), (srd, swr)) = (c.into_split(), s.into_split());
         let (client, server) = tokio::join!(
             establish(crd, cwr, Role::Client, info("server"), &cfg),
-            establish(srd, swr, Role::Server, info("client"), &cfg)
+            establish_with(srd, swr, Role::Server, info("client"), &cfg, hook)
         );
         (client.unwrap(), server.unwrap())
     }
@@ -304,14 +315,14 @@ mod tests {
     /// nothing runs between the receiver's drop and the next send.)
     #[tokio::test(flavor = "current_thread")]
     async fn frames_dropped_unread_reach_the_discard_hook() {
-        let (client, server) = pair().await;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        server.on_discard(Box::new(move |h: &FrameHeader| {
+        let hook: DiscardHook = Box::new(move |h: &FrameHeader| {
             if let Some(Kind::Chunk(c)) = &h.kind {
                 s.lock().unwrap().push(c.index);
             }
-        }));
+        });
+        let (client, server) = pair(Some(hook)).await;
         let (mut tx, _rx) = client.open_halves().unwrap();
         tx.try_send_frames(vec![chunk(0), chunk(1), chunk(2)], false).unwrap().unwrap();
         let (_stx, mut srx) = server.accept_halves().await.unwrap();

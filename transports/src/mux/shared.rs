@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use tensorwire_proto::v1::FrameHeader;
@@ -148,8 +148,8 @@ pub(crate) struct Shared {
     /// Bytes of delivered, unconsumed frames.
     pub(crate) buffered: AtomicU64,
     pub(crate) budget_notify: Notify,
-    /// Set once by the transport that needs it (see [`DiscardHook`]).
-    pub(crate) discard_hook: OnceLock<DiscardHook>,
+    /// Set by the transport that needs it (see [`DiscardHook`]).
+    pub(crate) discard_hook: Option<DiscardHook>,
 }
 
 impl Shared {
@@ -162,7 +162,7 @@ impl Shared {
 
     /// A DATA frame with this header is dropped unread.
     pub(crate) fn discarded(&self, header: &FrameHeader) {
-        if let Some(hook) = self.discard_hook.get() {
+        if let Some(hook) = &self.discard_hook {
             hook(header);
         }
     }

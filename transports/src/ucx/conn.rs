@@ -143,7 +143,6 @@ async fn establish(
     let rd = UcxReader { worker: worker.clone() };
     let wr = UcxWriter::new(worker.clone(), control_wr, writer_gone_tx);
     let info = SocketInfo { peer: peer.clone(), transport: "ucx", local };
-    let mux = mux::establish(rd, wr, role, info, config).await.map_err(Failure::Mux)?;
     let rv = Arc::new(Rendezvous {
         worker: worker.clone(),
         next_tag: AtomicU64::new(1),
@@ -153,13 +152,15 @@ async fn establish(
         scratch: Default::default(),
     });
     // Frames of streams whose receiver is gone: their payloads are
-    // received and dropped, so the peer's sends complete.
+    // received and dropped, so the peer's sends complete (in place before
+    // the mux reads its first frame).
     let weak = Arc::downgrade(&rv);
-    mux.on_discard(Box::new(move |h| {
+    let hook: mux::DiscardHook = Box::new(move |h| {
         if let Some(rv) = weak.upgrade() {
             rv.discard(h);
         }
-    }));
+    });
+    let mux = mux::establish_with(rd, wr, role, info, config, Some(hook)).await.map_err(Failure::Mux)?;
     let inner: Arc<dyn Connection> = mux;
     // Once the connection is closed and its writer has sent what it had
     // (or given up), stop the worker, failing what UCX still has

@@ -69,7 +69,9 @@ impl Rendezvous {
     /// (what one sender keeps in flight); past that a payload is left to
     /// the sender, which stops on this side's STOP (or a reset refusing
     /// the stream), and its send stays with its worker until the
-    /// connection closes.
+    /// connection closes. A scratch receive whose message has not come
+    /// within `UcxConfig::rendezvous_timeout` is cancelled (a peer that
+    /// announces payloads it never sends cannot use up the room).
     pub(crate) fn discard(&self, header: &v1::FrameHeader) {
         let Some(Kind::Chunk(c)) = &header.kind else { return };
         if c.ucx_tag == 0 || c.ucx_put || c.raw_len > self.max_payload {
@@ -95,9 +97,33 @@ impl Rendezvous {
         let done = self.worker.recv(c.ucx_tag, RecvTarget::Owned(vec![0; len]));
         super::worker::PAYLOADS_DISCARDED.fetch_add(1, Ordering::Relaxed);
         let held = held.clone();
-        rt.spawn(async move {
-            drop(done.await);
+        self.reap_later(&rt, c.ucx_tag, done, move || {
             held.fetch_sub(len, Ordering::AcqRel);
+        });
+    }
+
+    /// Waits, in a task of `rt`, for a receive nobody reads: until it lands
+    /// (its buffer then drops) or, when its message has not come within
+    /// `UcxConfig::rendezvous_timeout` (a peer that announced a payload and
+    /// never sent it), until UCX has cancelled it; then runs `after`.
+    fn reap_later(
+        &self,
+        rt: &tokio::runtime::Handle,
+        tag: u64,
+        mut done: oneshot::Receiver<super::worker::RecvResult>,
+        after: impl FnOnce() + Send + 'static,
+    ) {
+        let (worker, limit) = (Arc::downgrade(&self.worker), self.cfg.rendezvous_timeout);
+        rt.spawn(async move {
+            if tokio::time::timeout(limit, &mut done).await.is_err() {
+                if let Some(w) = worker.upgrade() {
+                    w.cancel_recv(tag);
+                }
+                // The cancel's completion (or the message's, had it just
+                // been matched; or the connection's end).
+                drop(done.await);
+            }
+            after();
         });
     }
 
@@ -621,9 +647,18 @@ impl UcxRecv {
     /// those that arrive later, reach it through the connection's discard
     /// hook (when the inner stream drops).
     fn discard_unread(&mut self) {
+        let rt = tokio::runtime::Handle::try_current();
         for a in std::mem::take(&mut self.ahead) {
-            if let Ahead::Frame(r) = a {
-                self.rv.discard(&r.header);
+            match a {
+                Ahead::Frame(r) => self.rv.discard(&r.header),
+                // Posted already: left to land (or to be cancelled, should
+                // its payload never come).
+                Ahead::Posted(p) => {
+                    if let Ok(rt) = &rt {
+                        self.rv.reap_later(rt, p.tag, p.rx, || {});
+                    }
+                }
+                Ahead::End(_) => {}
             }
         }
     }
@@ -749,7 +784,11 @@ impl UcxRecv {
             // "Message truncated": the peer lied about raw_len.
             Ok(Ok(Err(e))) => return Err(self.rv.closed("receive", e)),
             Ok(Err(_)) => return Err(self.rv.closed("receive", "connection closed".into())),
-            Err(_) => return Err(self.rv.timeout("receive")),
+            Err(_) => {
+                // Nothing will read it: UCX lets go of the buffer.
+                self.rv.worker.cancel_recv(tag);
+                return Err(self.rv.timeout("receive"));
+            }
         };
         let (got, payload) = match landed {
             Landed::Owned(b) => (b.len(), Payload::Bytes(Bytes::from(b))),

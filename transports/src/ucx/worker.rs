@@ -244,6 +244,11 @@ enum Cmd {
     Flush {
         done: oneshot::Sender<Result<(), String>>,
     },
+    /// Cancels the receives of `tag` UCX has not matched yet (their
+    /// callers gave up: see [`WorkerHandle::cancel_recv`]).
+    CancelRecv {
+        tag: u64,
+    },
     /// `data` put at `addr` of the region the peer granted (`ucp_put_nbx`).
     Put {
         put: Put,
@@ -467,6 +472,14 @@ impl WorkerHandle {
         let (done, rx) = oneshot::channel();
         self.submit(Cmd::Recv { tag, target, done });
         rx
+    }
+
+    /// Gives up the receives of `tag` that UCX has not matched with a
+    /// message yet (a peer that announced a payload and never sent it):
+    /// they fail as cancelled and their buffers are freed. A receive whose
+    /// message is arriving completes as usual.
+    pub(crate) fn cancel_recv(&self, tag: u64) {
+        self.submit(Cmd::CancelRecv { tag });
     }
 
     fn submit(&self, cmd: Cmd) {
@@ -697,7 +710,7 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: Ep, status: ffi::Status)
 enum OpKind {
     Send { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
     Put { data: Bytes, done: Option<oneshot::Sender<Result<(), String>>> },
-    Recv { target: RecvTarget, done: Option<oneshot::Sender<RecvResult>> },
+    Recv { tag: u64, target: RecvTarget, done: Option<oneshot::Sender<RecvResult>> },
     Stream { data: Bytes },
     Flush { done: Option<oneshot::Sender<Result<(), String>>> },
 }
@@ -1015,6 +1028,24 @@ impl Progress {
         self.ops.insert(id, op);
     }
 
+    /// Cancels the unmatched receives of `tag`: UCX completes each with
+    /// `UCS_ERR_CANCELED` (its buffer is freed when reaped). A receive UCX
+    /// has matched already (its data on the way) is left to complete.
+    fn cancel_recv(&mut self, tag: u64) {
+        let api = self.raw.api;
+        for op in self.ops.values() {
+            if let OpKind::Recv { tag: t, .. } = op.kind
+                && t == tag
+                && !op.request.is_null()
+                && op.result.is_none()
+            {
+                // SAFETY: a live request of this worker; a request UCX has
+                // matched ignores the cancel.
+                unsafe { (api.request_cancel)(self.raw.worker, op.request) };
+            }
+        }
+    }
+
     fn start(&mut self, cmd: Cmd) {
         let api = self.raw.api;
         let (kind, ptr, len, is_send, tag) = match cmd {
@@ -1027,8 +1058,9 @@ impl Progress {
                     let _ = done.send(Err("the receive's range lies outside its buffer".into()));
                     return;
                 };
-                (OpKind::Recv { target, done: Some(done) }, p, l, false, tag)
+                (OpKind::Recv { tag, target, done: Some(done) }, p, l, false, tag)
             }
+            Cmd::CancelRecv { tag } => return self.cancel_recv(tag),
             other => return self.start_stream(other),
         };
         let cb =
@@ -1076,7 +1108,7 @@ impl Progress {
                         let _ = d.send(err.map_or(Ok(()), Err));
                     }
                 }
-                OpKind::Recv { ref mut target, ref mut done } => {
+                OpKind::Recv { ref mut target, ref mut done, .. } => {
                     if let Some(d) = done.take() {
                         let r = match err {
                             Some(e) => Err(e),
