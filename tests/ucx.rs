@@ -282,6 +282,12 @@ async fn frames_that_lie_about_ucx_payloads_are_refused_without_a_hang() {
     // (The stream whose message the lying frame consumed.)
     drop(server.accept().await.unwrap());
 
+    // A tag in the range this side's grant answers use.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk((1 << 63) | 5, 100, Vec::new())], true).await.unwrap();
+    let e = next_error().await;
+    assert!(e.contains("grant answers"), "{e}");
+
     // A frame that carries a payload and a tag at once.
     let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
     tx.send_batch(vec![chunk(5, 3, vec![1, 2, 3])], true).await.unwrap();
@@ -516,7 +522,8 @@ async fn a_dropped_receiver_leaves_no_send_pending_on_a_live_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_announced_for_a_dropped_receiver_and_never_sent_are_given_up() {
     let mut cfg = TransportConfig::default();
-    cfg.ucx.rendezvous_timeout = Duration::from_secs(1);
+    // Long enough for the posted receives to be seen before they go.
+    cfg.ucx.rendezvous_timeout = Duration::from_secs(3);
     let (client, server) = connected(&cfg).await;
     let chunk = |index: u32, ucx_tag: u64, payload: Vec<u8>| {
         let raw_len = if ucx_tag == 0 { payload.len() as u64 } else { 1 << 20 };
@@ -533,7 +540,7 @@ async fn payloads_announced_for_a_dropped_receiver_and_never_sent_are_given_up()
         };
         Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.into() }
     };
-    for round in 0..3u64 {
+    for round in 0..2u64 {
         // The first chunk comes in the frame (too small to go by tag);
         // three more are announced by tags this peer never sends.
         let frames = vec![
@@ -563,6 +570,20 @@ async fn payloads_announced_for_a_dropped_receiver_and_never_sent_are_given_up()
             ucx::stats()
         );
     }
+    // A reader that gives up waiting for such a payload (its `recv` future
+    // dropped, as a call's timeout does) leaves nothing posted either.
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    tx.send_batch(vec![chunk(1, 9100, Vec::new())], true).await.unwrap();
+    let mut inc = server.accept().await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), inc.recv.recv()).await;
+    assert!(gave_up.is_err(), "a payload that was never sent arrived");
+    assert!(
+        eventually(|| ucx::stats().operations_outstanding == 0).await,
+        "the abandoned receive is still posted: {:?}",
+        ucx::stats()
+    );
+    drop(inc);
+
     // The connection still carries a tensor whose payload goes by tag.
     let payload = vec![9u8; 4 << 20];
     let c = v1::Chunk {

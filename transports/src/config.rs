@@ -153,7 +153,9 @@ pub struct UcxConfig {
     /// A payload not delivered (sender) or not arrived (receiver) within
     /// this long fails its stream: the peer stopped reading or lied about a
     /// payload (default 60 s); a receive that times out is cancelled, its
-    /// buffer freed (as is a scratch receive of a payload nobody reads).
+    /// buffer freed (as is a scratch receive of a payload nobody reads): a
+    /// payload the peer sends after that is never received, and the peer's
+    /// send of it stays pending until the connection closes.
     pub rendezvous_timeout: Duration,
     /// Tensors of at least this many payload bytes ask the receiver for
     /// memory to put their chunks into, where the connection's UCX context

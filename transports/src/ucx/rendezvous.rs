@@ -70,11 +70,15 @@ impl Rendezvous {
     /// the sender, which stops on this side's STOP (or a reset refusing
     /// the stream), and its send stays with its worker until the
     /// connection closes. A scratch receive whose message has not come
-    /// within `UcxConfig::rendezvous_timeout` is cancelled (a peer that
-    /// announces payloads it never sends cannot use up the room).
+    /// within `UcxConfig::rendezvous_timeout` is cancelled, so a peer that
+    /// announces payloads it never sends cannot keep the room (one whose
+    /// message UCX has started to match keeps it until that message lands
+    /// or the connection closes; a payload sent after its receive was
+    /// cancelled is never received, and its send stays with the peer's
+    /// worker until the connection closes).
     pub(crate) fn discard(&self, header: &v1::FrameHeader) {
         let Some(Kind::Chunk(c)) = &header.kind else { return };
-        if c.ucx_tag == 0 || c.ucx_put || c.raw_len > self.max_payload {
+        if c.ucx_tag == 0 || c.ucx_tag & GRANT_BIT != 0 || c.ucx_put || c.raw_len > self.max_payload {
             return;
         }
         if c.ucx_grant {
@@ -114,7 +118,11 @@ impl Rendezvous {
         after: impl FnOnce() + Send + 'static,
     ) {
         let (worker, limit) = (Arc::downgrade(&self.worker), self.cfg.rendezvous_timeout);
+        // `after` runs even if the task is dropped unfinished (its runtime
+        // shut down).
+        let after = OnDrop(Some(after));
         rt.spawn(async move {
+            let _after = after;
             if tokio::time::timeout(limit, &mut done).await.is_err() {
                 if let Some(w) = worker.upgrade() {
                     w.cancel_recv(tag);
@@ -123,7 +131,6 @@ impl Rendezvous {
                 // been matched; or the connection's end).
                 drop(done.await);
             }
-            after();
         });
     }
 
@@ -137,6 +144,43 @@ impl Rendezvous {
             peer: self.peer.clone(),
             kind: std::io::ErrorKind::TimedOut,
             reason: format!("UCX {what} not completed within {:?}", self.cfg.rendezvous_timeout),
+        }
+    }
+}
+
+/// Runs its function when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// A posted receive its reader waits for: if the wait is dropped before
+/// the payload landed (the caller gave up on `recv`), the receive goes to
+/// [`Rendezvous::reap_later`] instead of staying posted until the
+/// connection closes.
+struct Unlanded {
+    rv: Arc<Rendezvous>,
+    tag: u64,
+    rx: Option<oneshot::Receiver<super::worker::RecvResult>>,
+}
+
+impl Unlanded {
+    /// Gives the receive up now (its wait timed out): UCX cancels it.
+    fn cancel(mut self) {
+        self.rx = None;
+        self.rv.worker.cancel_recv(self.tag);
+    }
+}
+
+impl Drop for Unlanded {
+    fn drop(&mut self) {
+        if let (Some(rx), Ok(rt)) = (self.rx.take(), tokio::runtime::Handle::try_current()) {
+            self.rv.reap_later(&rt, self.tag, rx, || {});
         }
     }
 }
@@ -651,8 +695,9 @@ impl UcxRecv {
         for a in std::mem::take(&mut self.ahead) {
             match a {
                 Ahead::Frame(r) => self.rv.discard(&r.header),
-                // Posted already: left to land (or to be cancelled, should
-                // its payload never come).
+                // Posted already: left to land, or cancelled should its
+                // payload not come within the timeout (without a runtime:
+                // left posted until the connection closes).
                 Ahead::Posted(p) => {
                     if let Ok(rt) = &rt {
                         self.rv.reap_later(rt, p.tag, p.rx, || {});
@@ -685,6 +730,10 @@ impl UcxRecv {
         let peer = || self.rv.peer.clone();
         if !r.payload.is_empty() || c.compression != v1::Compression::None as i32 || c.shm_segment != 0 {
             let reason = "a UCX chunk frame must be uncompressed and carry no payload".into();
+            return Err(StreamError::Protocol { peer: peer(), reason });
+        }
+        if c.ucx_tag & GRANT_BIT != 0 {
+            let reason = format!("UCX tag {:#x} lies in the range of grant answers", c.ucx_tag);
             return Err(StreamError::Protocol { peer: peer(), reason });
         }
         if c.raw_len > self.rv.max_payload {
@@ -765,20 +814,27 @@ impl UcxRecv {
     /// Waits for the payload of `p`, reading (and posting) the frames
     /// after it meanwhile.
     async fn land(&mut self, p: Posted) -> Result<Received, StreamError> {
-        let Posted { mut frame, tag, len, offset, mut rx } = p;
+        let Posted { mut frame, tag, len, offset, rx } = p;
         let limit = self.rv.cfg.rendezvous_timeout;
+        let mut pending = Unlanded { rv: self.rv.clone(), tag, rx: Some(rx) };
         let wait = async {
+            let rx = pending.rx.as_mut().expect("set above");
             loop {
                 let more = self.may_read_ahead();
                 tokio::select! {
                     biased;
-                    r = &mut rx => break r,
+                    r = &mut *rx => break r,
                     // Cancel-safe: a stream's frames wait in a queue.
                     r = self.inner.recv(), if more => self.read_ahead(r).await,
                 }
             }
         };
-        let landed = match tokio::time::timeout(limit, wait).await {
+        let waited = tokio::time::timeout(limit, wait).await;
+        if waited.is_ok() {
+            // Landed or failed: nothing left with UCX.
+            pending.rx = None;
+        }
+        let landed = match waited {
             Ok(Ok(Ok(b))) => b,
             // UCX fails a message longer than the posted buffer with
             // "Message truncated": the peer lied about raw_len.
@@ -786,7 +842,7 @@ impl UcxRecv {
             Ok(Err(_)) => return Err(self.rv.closed("receive", "connection closed".into())),
             Err(_) => {
                 // Nothing will read it: UCX lets go of the buffer.
-                self.rv.worker.cancel_recv(tag);
+                pending.cancel();
                 return Err(self.rv.timeout("receive"));
             }
         };

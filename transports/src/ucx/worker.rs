@@ -1033,16 +1033,23 @@ impl Progress {
     /// has matched already (its data on the way) is left to complete.
     fn cancel_recv(&mut self, tag: u64) {
         let api = self.raw.api;
-        for op in self.ops.values() {
-            if let OpKind::Recv { tag: t, .. } = op.kind
-                && t == tag
-                && !op.request.is_null()
-                && op.result.is_none()
-            {
-                // SAFETY: a live request of this worker; a request UCX has
-                // matched ignores the cancel.
-                unsafe { (api.request_cancel)(self.raw.worker, op.request) };
-            }
+        // The requests first: a cancel may run the completion callback at
+        // once, which writes to its op.
+        let requests: Vec<*mut c_void> = self
+            .ops
+            .values()
+            .filter(|op| {
+                matches!(op.kind, OpKind::Recv { tag: t, .. } if t == tag)
+                    && !op.request.is_null()
+                    && op.result.is_none()
+            })
+            .map(|op| op.request)
+            .collect();
+        for request in requests {
+            // SAFETY: a live request of this worker (its op is freed only by
+            // `reap`, on this thread, after completion); a request UCX has
+            // matched ignores the cancel.
+            unsafe { (api.request_cancel)(self.raw.worker, request) };
         }
     }
 
