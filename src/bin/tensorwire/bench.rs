@@ -13,7 +13,7 @@ use crate::harness::ucx_perftest_on;
 use crate::harness::{
     RawSocket, Receive, ServerThread, batching_functions, bench_client_config, bench_server, bench_server_with,
     call_round_trips, calls_per_second, fetch_time, function_calls_per_second, gib_per_s, raw_copy, raw_copy_into,
-    raw_round_trips, send_time, ucx_perftest, wake_round_trips,
+    raw_round_trips, ring_exchanges_per_second, send_time, ucx_perftest, wake_round_trips,
 };
 use clap::Args as ClapArgs;
 use tensorwire::{Client, Server};
@@ -423,18 +423,29 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         // The median of the rounds, after a warm-up (the first calls fault in
         // the rings' pages and fill the allocator's caches).
         rt.block_on(calls_per_second(&client, 4096, 64, (a.calls / 10).max(64)))?;
-        let mut cps = Vec::with_capacity(rounds);
+        // Where the calls go through shared-memory rings, their ceiling
+        // (two threads exchanging the same messages through two rings of
+        // the transport's size) alternates with them.
+        let rings = raw == RawSocket::Memcpy
+            && !options.is_some_and(|o| o.contains("ring=0") || o.contains("shm=0"))
+            && cores() >= 2;
+        let ring_bytes = tensorwire::TransportConfig::default().shm.ring_bytes;
+        let (mut cps, mut ring_cps) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         for _ in 0..rounds {
+            if rings {
+                ring_cps.push(ring_exchanges_per_second(4096, 64, ring_bytes, a.calls)?);
+            }
             cps.push(rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?);
         }
         let cps = median(cps);
+        let ring_cps = rings.then(|| median(ring_cps));
         // (After the latency figures: this client's runtime sleeps meanwhile.)
         #[cfg(feature = "quic")]
         if scheme == "quic" && a.stripes > 1 {
             striped_rows(&a, &sizes, raw)?;
         }
         let s50 = spin_raw.then(|| median(s50));
-        latency_rows.push((label.clone(), median(p50), median(p99), median(b50), median(b99), s50, cps));
+        latency_rows.push((label.clone(), median(p50), median(p99), median(b50), median(b99), s50, cps, ring_cps));
         drop(client);
         drop(server);
     }
@@ -442,25 +453,40 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         let spin = format!("{} µs", spin_us(&a));
         println!();
         println!(
-            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7} {:>12}   4 KiB identity call (connections spin {spin} after traffic) vs raw ping-pong: each side sleeps in a blocking read; \"spin\": both sides busy-poll non-blocking sockets (the floor; QUIC: one raw stream per round trip, no spinning peer); calls/s@64: median of {rounds} rounds of {} calls, after a warm-up",
-            "transport", "p50 ms", "p99 ms", "raw p50", "raw p99", "ratio", "spin p50", "ratio", "calls/s@64", a.calls
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7} {:>12} {:>12} {:>7}   4 KiB identity call (connections spin {spin} after traffic) vs raw ping-pong: each side sleeps in a blocking read; \"spin\": both sides busy-poll non-blocking sockets (the floor; QUIC: one raw stream per round trip, no spinning peer); calls/s@64: median of {rounds} rounds of {} calls, after a warm-up; \"ring/s\" (calls over shared-memory rings): two spinning threads exchanging 4 KiB messages through two {} KiB rings, 64 in flight, alternating with those rounds (the ceiling: the copies alone)",
+            "transport",
+            "p50 ms",
+            "p99 ms",
+            "raw p50",
+            "raw p99",
+            "ratio",
+            "spin p50",
+            "ratio",
+            "calls/s@64",
+            "ring/s",
+            "ratio",
+            a.calls,
+            tensorwire::TransportConfig::default().shm.ring_bytes >> 10
         );
     }
     let latency_rows_empty = latency_rows.is_empty();
-    for (scheme, p50, p99, b50, b99, s50, cps) in latency_rows {
+    for (scheme, p50, p99, b50, b99, s50, cps, ring_cps) in latency_rows {
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"transport": scheme, "rtt_4k_p50_ms": p50, "rtt_4k_p99_ms": p99, "raw_p50_ms": b50,
                     "raw_p99_ms": b99, "p50_ratio": p50 / b50, "raw_spinning_p50_ms": s50,
                     "p50_ratio_spinning": s50.map(|s| p50 / s), "spin_us": spin_us(&a),
-                    "calls_per_s_64_in_flight": cps})
+                    "calls_per_s_64_in_flight": cps, "ring_exchanges_per_s_64_in_flight": ring_cps,
+                    "calls_ratio_to_ring": ring_cps.map(|r| cps / r)})
             );
         } else {
             let (s, r) = s50
                 .map_or_else(|| ("-".to_string(), "-".to_string()), |s| (format!("{s:.4}"), format!("{:.2}", p50 / s)));
+            let (rc, rr) = ring_cps
+                .map_or_else(|| ("-".to_string(), "-".to_string()), |x| (format!("{x:.0}"), format!("{:.2}", cps / x)));
             println!(
-                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>10} {:>7} {:>12.0}",
+                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>10} {:>7} {:>12.0} {:>12} {:>7}",
                 scheme,
                 p50,
                 p99,
@@ -469,7 +495,9 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                 p50 / b50,
                 s,
                 r,
-                cps
+                cps,
+                rc,
+                rr
             );
         }
     }

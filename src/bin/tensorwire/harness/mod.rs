@@ -201,11 +201,14 @@ impl Drop for SocketFile {
 
 #[cfg(feature = "quic")]
 pub(crate) mod raw_quic;
+mod ring_exchange;
 #[cfg(feature = "grpc")]
 pub mod tonic_peer;
 mod ucx_perftest;
 
 // The criterion benches include this folder without using it.
+#[allow(unused_imports)]
+pub use ring_exchange::ring_exchanges_per_second;
 #[allow(unused_imports)]
 pub use ucx_perftest::{ucx_perftest, ucx_perftest_on};
 
