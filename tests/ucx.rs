@@ -60,6 +60,27 @@ async fn eventually(mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// A 4 MiB tensor in one chunk (its payload goes by tag) arrives intact
+/// from `client` to `server`.
+async fn still_carries_a_tensor(client: &Arc<dyn Connection>, server: &Arc<dyn Connection>) {
+    let payload = vec![9u8; 4 << 20];
+    let c = v1::Chunk {
+        tensor_id: 1,
+        raw_len: payload.len() as u64,
+        total_bytes: payload.len() as u64,
+        last: true,
+        compression: v1::Compression::None as i32,
+        ..Default::default()
+    };
+    let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
+    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
+    let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
+    let mut inc = server.accept().await.unwrap();
+    let r = inc.recv.recv().await.unwrap().expect("a chunk");
+    assert!(matches!(r.payload, Payload::Bytes(ref b) if b[..] == payload[..]));
+    send.await.unwrap().unwrap();
+}
+
 fn child(test: &str, var: &str, value: &str) -> std::process::Command {
     let mut c = std::process::Command::new(std::env::current_exe().unwrap());
     c.args(["--exact", test, "--nocapture", "--test-threads=1"]).env(var, value);
@@ -497,22 +518,7 @@ async fn a_dropped_receiver_leaves_no_send_pending_on_a_live_connection() {
     drop(tx);
 
     // The connection still carries tensors.
-    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
-    let payload = vec![9u8; 4 * PART];
-    let c = v1::Chunk {
-        tensor_id: 1,
-        raw_len: payload.len() as u64,
-        total_bytes: payload.len() as u64,
-        last: true,
-        compression: v1::Compression::None as i32,
-        ..Default::default()
-    };
-    let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
-    let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
-    let mut inc = server.accept().await.unwrap();
-    let r = inc.recv.recv().await.unwrap().expect("a chunk");
-    assert!(matches!(r.payload, Payload::Bytes(ref b) if b[..] == payload[..]));
-    send.await.unwrap().unwrap();
+    still_carries_a_tensor(&client, &server).await;
 }
 
 /// Payloads a peer announces for a stream nobody reads and never sends are
@@ -585,22 +591,7 @@ async fn payloads_announced_for_a_dropped_receiver_and_never_sent_are_given_up()
     drop(inc);
 
     // The connection still carries a tensor whose payload goes by tag.
-    let payload = vec![9u8; 4 << 20];
-    let c = v1::Chunk {
-        tensor_id: 1,
-        raw_len: payload.len() as u64,
-        total_bytes: payload.len() as u64,
-        last: true,
-        compression: v1::Compression::None as i32,
-        ..Default::default()
-    };
-    let frame = Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: payload.clone().into() };
-    let (mut tx, _rx) = client.open(StreamKind::Send).await.unwrap();
-    let send = tokio::spawn(async move { tx.send_batch(vec![frame], true).await });
-    let mut inc = server.accept().await.unwrap();
-    let r = inc.recv.recv().await.unwrap().expect("a chunk");
-    assert!(matches!(r.payload, Payload::Bytes(ref b) if b[..] == payload[..]));
-    send.await.unwrap().unwrap();
+    still_carries_a_tensor(&client, &server).await;
 }
 
 /// Puts land only in memory the receiver granted: a frame claiming a put
