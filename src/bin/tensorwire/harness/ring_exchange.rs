@@ -40,8 +40,12 @@ impl Ring {
         Self { data, size, slots, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) }
     }
 
+    /// The first byte of message `n`'s slot, as a pointer into the whole
+    /// data area (so that `size` bytes from it may be accessed).
     fn slot(&self, n: usize) -> *mut u8 {
-        self.data[(n % self.slots) * self.size].get()
+        // SAFETY: the offset lies inside the data area (`n % slots` slots
+        // of `size` bytes); `UnsafeCell<u8>` has the layout of `u8`.
+        UnsafeCell::raw_get(unsafe { self.data.as_ptr().add((n % self.slots) * self.size) })
     }
 
     /// Writes `msg` as message number `n` (the producer's own count) once
