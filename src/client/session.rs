@@ -218,7 +218,8 @@ impl Client {
 
     /// Where a same-host `tcp://` session may reconnect to use shared
     /// memory: the server's upgrade socket, unless the URL says `?shm=0` or
-    /// [`ShmConfig::unix_upgrade`](tensorwire_transports::config::ShmConfig) is off.
+    /// [`ShmConfig::unix_upgrade`](tensorwire_transports::config::ShmConfig)
+    /// is off; a `?ring=0` on the URL goes with it (rings off there too).
     fn upgrade_url(&self, s: &ClientSession) -> Option<String> {
         let ep = &self.inner.endpoint;
         let wanted = cfg!(feature = "shm")
@@ -227,7 +228,7 @@ impl Client {
             && ep.query("shm") != Some("0")
             && self.inner.config.transports.added_for(Scheme::Tcp).is_none();
         let url = &s.welcome.shm_upgrade_url;
-        (wanted && s.info.transport == "tcp" && url.starts_with("unix://@")).then(|| url.clone())
+        (wanted && s.info.transport == "tcp" && url.starts_with("unix://@")).then(|| carry_ring_option(url, ep))
     }
 
     async fn session_at(&self, ep: &Endpoint) -> Result<ClientSession, ConnectError> {
@@ -510,4 +511,36 @@ pub(crate) fn accept_welcome(welcome: &v1::Welcome) -> Result<PeerCaps, String> 
         return Err(format!("the server speaks protocol version {}, this client {PROTOCOL_VERSION}", welcome.version));
     }
     Ok(PeerCaps::announced(welcome.limits, &welcome.codecs, &welcome.compressions))
+}
+
+/// The server's upgrade URL, with the `ring=0` of the URL the client was
+/// given (the one shared-memory option that concerns the upgraded
+/// connection).
+fn carry_ring_option(upgrade: &str, given: &Endpoint) -> String {
+    if given.query("ring") != Some("0") {
+        return upgrade.to_string();
+    }
+    let sep = if upgrade.contains('?') { '&' } else { '?' };
+    format!("{upgrade}{sep}ring=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `?ring=0` on a `tcp://` URL reaches the shared-memory connection
+    /// it upgrades to; other options (and a URL without it) leave the
+    /// server's upgrade URL as it is.
+    #[test]
+    fn the_upgrade_keeps_the_ring_option() {
+        let ep = |u: &str| Endpoint::parse(u).unwrap();
+        let up = "unix://@tensorwire-up-1";
+        assert_eq!(carry_ring_option(up, &ep("tcp://127.0.0.1:5000?ring=0")), "unix://@tensorwire-up-1?ring=0");
+        assert_eq!(carry_ring_option("unix://@x?a=b", &ep("tcp://127.0.0.1:5000?ring=0")), "unix://@x?a=b&ring=0");
+        assert_eq!(carry_ring_option(up, &ep("tcp://127.0.0.1:5000")), up);
+        assert_eq!(carry_ring_option(up, &ep("tcp://127.0.0.1:5000?ring=1&timeout=5")), up);
+        // The upgraded URL parses, and says what it should.
+        let upgraded = ep(&carry_ring_option(up, &ep("tcp://127.0.0.1:5000?ring=0")));
+        assert_eq!(upgraded.query("ring"), Some("0"));
+    }
 }

@@ -426,9 +426,11 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         // Where the calls go through shared-memory rings, their ceiling
         // (two threads exchanging the same messages through two rings of
         // the transport's size) alternates with them.
-        let rings = raw == RawSocket::Memcpy
-            && !options.is_some_and(|o| o.contains("ring=0") || o.contains("shm=0"))
-            && cores() >= 2;
+        // (Whether the connection agreed on rings is not reported: a
+        // shared-memory connection has them unless its URL says `ring=0`.)
+        let on_shm = matches!(client.transport(), Some("shm" | "unix+shm"));
+        let rings_off = options.is_some_and(|o| o.split('&').any(|kv| kv == "ring=0"));
+        let rings = on_shm && !rings_off && cores() >= 2;
         let ring_bytes = tensorwire::TransportConfig::default().shm.ring_bytes;
         let (mut cps, mut ring_cps) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         for _ in 0..rounds {
