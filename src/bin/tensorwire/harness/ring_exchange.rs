@@ -153,8 +153,10 @@ pub fn ring_exchanges_per_second(
     }
     let rate = total as f64 / start.elapsed().as_secs_f64();
     echo.join().map_err(|_| "the echo thread panicked".to_string())?;
+    if got < total {
+        return Err(format!("the echo thread stopped after {got} of {total} exchanges"));
+    }
     match wrong {
-        _ if got < total => Err(format!("the echo thread stopped after {got} of {total} exchanges")),
         Some(n) => Err(format!("exchange {n} came back with another message's bytes")),
         None => Ok(rate),
     }
