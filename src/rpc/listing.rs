@@ -92,6 +92,17 @@ impl Selector {
         }
     }
 
+    /// For a `remove`: `name` or `prefix` given explicitly (`prefix=""`
+    /// removes everything); a request naming neither is refused rather than
+    /// read as "everything", so a client that forgets the parameter deletes
+    /// nothing.
+    pub(crate) fn for_remove<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Selector, String> {
+        if get("name").is_none() && get("prefix").is_none() {
+            return Err("remove needs a parameter: name=N (a tensor or a state dict) or prefix=P".to_string());
+        }
+        Ok(Selector::from_params(get))
+    }
+
     pub(crate) fn to_params(&self) -> (&'static str, String) {
         match self {
             Selector::Name(n) => ("name", n.clone()),

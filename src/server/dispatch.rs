@@ -356,7 +356,12 @@ async fn run_other(
             Ok(v1::Reply { health: h as i32, ..Default::default() })
         }
         Method::List | Method::Remove => {
-            let which = Selector::from_params(|k| req.params.get(k).map(String::as_str));
+            let get = |k: &str| req.params.get(k).map(String::as_str);
+            let which = if method == Method::List {
+                Selector::from_params(get)
+            } else {
+                Selector::for_remove(get).map_err(Status::invalid_argument)?
+            };
             let tensors = if method == Method::List {
                 inner.service.list(ctx, &which).await?
             } else {

@@ -170,6 +170,15 @@ impl StoreService {
         lock(&self.last_used).insert(name.to_string(), t);
     }
 
+    /// Forgets everything kept beside the tensor `name` once it is gone
+    /// from the map: its delta base, its catalog entry (and place in its
+    /// state dict), its LRU tick. Call with the map locked.
+    fn forget(&self, name: &str) {
+        self.drop_base(name);
+        self.catalog.forget(name);
+        lock(&self.last_used).remove(name);
+    }
+
     /// A stored tensor.
     pub fn get(&self, name: &str) -> Option<Tensor> {
         let t = read(&self.tensors).get(name).cloned();
@@ -189,36 +198,39 @@ impl StoreService {
         self.evicted.load(Ordering::Acquire)
     }
 
-    /// Drops least recently used tensors (never `keep`; a member of a state
-    /// dict takes its whole state dict with it, so none is left partial)
-    /// until `wanted` bytes are freed or none is left; returns the bytes
-    /// freed. Call with the map locked.
-    fn evict(&self, map: &mut BTreeMap<String, Tensor>, wanted: u64, keep: Option<&str>) -> u64 {
+    /// Drops least recently used tensors until `wanted` bytes are freed or
+    /// none is left; returns the bytes freed. A member of a state dict
+    /// takes its whole state dict with it, so none is left partial. Never
+    /// drops a name in `keep` (what the caller is storing or replacing), nor
+    /// a state dict one of them belongs to: evicting it would take the kept
+    /// name too, under the caller's accounting. Call with the map locked.
+    fn evict(&self, map: &mut BTreeMap<String, Tensor>, wanted: u64, keep: &[&str]) -> u64 {
+        let kept_groups: HashSet<String> = keep.iter().filter_map(|k| self.catalog.describe(k).0).collect();
         let mut freed = 0;
         while freed < wanted {
             let victim = {
                 let lu = lock(&self.last_used);
                 map.keys()
-                    .filter(|k| Some(k.as_str()) != keep)
-                    .min_by_key(|k| lu.get(*k).copied().unwrap_or(0))
-                    .cloned()
+                    .filter(|k| !keep.contains(&k.as_str()))
+                    .map(|k| (k, self.catalog.describe(k).0))
+                    .filter(|(_, g)| g.as_ref().is_none_or(|g| !kept_groups.contains(g)))
+                    .min_by_key(|(k, _)| lu.get(*k).copied().unwrap_or(0))
+                    .map(|(k, g)| (k.clone(), g))
             };
-            let Some(victim) = victim else { break };
-            let names = match self.catalog.describe(&victim).0.and_then(|g| self.catalog.members(&g)) {
-                Some(members) => members,
-                None => vec![victim],
-            };
+            let Some((victim, group)) = victim else { break };
+            let mut names = group.and_then(|g| self.catalog.members(&g)).unwrap_or_default();
+            if !names.contains(&victim) {
+                names.push(victim);
+            }
             for n in names {
                 if let Some(t) = map.remove(&n) {
                     let b = t.nbytes() as u64;
                     freed += b;
                     self.used.fetch_sub(b, Ordering::AcqRel);
                     self.evicted.fetch_add(1, Ordering::Relaxed);
-                    self.catalog.forget(&n);
-                    self.drop_base(&n);
-                    lock(&self.last_used).remove(&n);
                     tracing::debug!(name = %n, bytes = b, "evicted from the store");
                 }
+                self.forget(&n);
             }
         }
         freed
@@ -234,14 +246,15 @@ impl StoreService {
         let n = t.nbytes() as u64;
         let mut map = write(&self.tensors);
         let freed = map.get(&name).map_or(0, |old| old.nbytes() as u64);
-        let over = |used: u64| (used - freed).saturating_add(n).saturating_sub(self.max_bytes);
+        let over = |used: u64| used.saturating_sub(freed).saturating_add(n).saturating_sub(self.max_bytes);
         // Delta bases are a cache: they make room before anything stored does.
         if over(self.used.load(Ordering::Acquire) + self.base_bytes()) > 0 {
             self.drop_bases();
         }
         let short = over(self.used.load(Ordering::Acquire));
         if short > 0 && self.policy == EvictPolicy::Lru && n <= self.max_bytes {
-            self.evict(&mut map, short, Some(&name));
+            // Never `name` itself nor its state dict, so `freed` still holds.
+            self.evict(&mut map, short, &[name.as_str()]);
         }
         let used = self.used.load(Ordering::Acquire);
         if over(used) > 0 {
@@ -253,7 +266,7 @@ impl StoreService {
         self.catalog.stored(&name);
         self.touch(&name);
         let replaced = map.insert(name.clone(), t);
-        let used = used - freed + n;
+        let used = used.saturating_sub(freed) + n;
         self.used.store(used, Ordering::Release);
         self.drop_base(&name);
         if let Some(old) = replaced {
@@ -280,23 +293,38 @@ impl StoreService {
         let new: u64 = items.iter().map(|(_, t)| t.nbytes() as u64).sum();
         let mut map = write(&self.tensors);
         let old = self.catalog.members(name).unwrap_or_default();
-        let replaced: HashSet<&String> = old.iter().chain(&names).collect();
+        let replaced: Vec<&str> =
+            old.iter().chain(&names).map(String::as_str).collect::<HashSet<_>>().into_iter().collect();
         let freed: u64 = replaced.iter().filter_map(|n| map.get(*n)).map(|t| t.nbytes() as u64).sum();
+        let over = |used: u64| used.saturating_sub(freed).saturating_add(new).saturating_sub(self.max_bytes);
+        // As in `put`: delta bases make room first, then (LRU) the least
+        // recently used tensors other than those this update replaces.
+        if over(self.used.load(Ordering::Acquire) + self.base_bytes()) > 0 {
+            self.drop_bases();
+        }
+        let short = over(self.used.load(Ordering::Acquire));
+        if short > 0 && self.policy == EvictPolicy::Lru && new <= self.max_bytes {
+            self.evict(&mut map, short, &replaced);
+        }
         let used = self.used.load(Ordering::Acquire);
-        if used - freed + new > self.max_bytes {
+        if over(used) > 0 {
             return Err(Status::resource_exhausted(format!(
-                "storing state dict {name:?} ({new} bytes) would exceed the store's {} byte budget ({used} used, {freed} freed by what it replaces)",
-                self.max_bytes
+                "storing state dict {name:?} ({new} bytes) would exceed the store's {} byte budget ({used} used, {freed} freed by what it replaces; policy {})",
+                self.max_bytes, self.policy
             )));
         }
-        for n in &old {
-            map.remove(n);
+        for n in &replaced {
+            map.remove(*n);
+            // State dicts keep no delta bases, nor LRU ticks of old members.
+            self.drop_base(n);
+            lock(&self.last_used).remove(*n);
         }
         for (n, (_, t)) in names.iter().zip(items) {
             map.insert(n.clone(), t.with_name(n.clone()));
+            self.touch(n);
         }
         self.catalog.set_state_dict(name, &names);
-        self.used.store(used - freed + new, Ordering::Release);
+        self.used.store(used.saturating_sub(freed) + new, Ordering::Release);
         Ok(())
     }
 
@@ -305,6 +333,8 @@ impl StoreService {
         let map = read(&self.tensors);
         let members = self.catalog.members(name)?;
         let prefix = format!("{name}.");
+        // A fetch counts as a use of every member (LRU order).
+        members.iter().for_each(|n| self.touch(n));
         Some(
             members
                 .iter()
@@ -339,7 +369,12 @@ impl StoreService {
                 return Err(Status::invalid_argument(format!("state dict {name:?} has the key {key:?} twice")));
             }
             staged += t.nbytes() as u64;
-            let used = self.used.load(Ordering::Acquire);
+            // Early refusal of what cannot fit: under LRU, eviction can make
+            // room for anything up to the whole budget (`put_state_dict`).
+            let used = match self.policy {
+                EvictPolicy::Lru => 0,
+                EvictPolicy::Refuse => self.used.load(Ordering::Acquire),
+            };
             if used.saturating_sub(replaced) + staged > self.max_bytes {
                 return Err(Status::resource_exhausted(format!(
                     "state dict {name:?}: {staged} bytes so far would exceed the store's {} byte budget ({used} used)",
@@ -518,8 +553,7 @@ impl TensorService for StoreService {
                 removed.push(self.stored(&n, &t));
                 self.used.fetch_sub(t.nbytes() as u64, Ordering::AcqRel);
             }
-            self.drop_base(&n);
-            self.catalog.forget(&n);
+            self.forget(&n);
         }
         Ok(removed)
     }
@@ -530,7 +564,7 @@ impl TensorService for StoreService {
             return freed;
         }
         let mut map = write(&self.tensors);
-        freed + self.evict(&mut map, wanted - freed, None)
+        freed + self.evict(&mut map, wanted - freed, &[])
     }
 
     fn supports_delta(&self) -> bool {
@@ -618,6 +652,105 @@ mod tests {
         assert_eq!(s.bytes(), 0);
         assert!(s.put("huge".into(), t(101)).is_err(), "a tensor above the whole store is refused");
         assert_eq!(StoreService::new(10).reclaim(5), 0, "refuse never evicts");
+    }
+
+    /// The store's byte count is the sum of what it holds.
+    fn consistent(s: &StoreService) {
+        let held: u64 = read(&s.tensors).values().map(|t| t.nbytes() as u64).sum();
+        assert_eq!(s.bytes(), held, "stored bytes drifted from what is held");
+        let lu = lock(&s.last_used);
+        assert!(lu.keys().all(|k| read(&s.tensors).contains_key(k)), "LRU ticks of names no longer stored");
+    }
+
+    #[test]
+    fn lru_never_evicts_the_name_being_stored_nor_its_state_dict() {
+        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
+        // Replacing a member of a state dict: the state dict is the only
+        // victim, and evicting it would take the name being stored.
+        let s = StoreService::with_policy(100, EvictPolicy::Lru);
+        s.put_state_dict("m", vec![("w".into(), t(40)), ("b".into(), t(40))]).unwrap();
+        let e = s.put("m.w".into(), t(70)).unwrap_err();
+        assert_eq!(e.code, crate::Code::ResourceExhausted);
+        assert_eq!(s.names(), vec!["m.b", "m.w"], "a refused store drops nothing");
+        consistent(&s);
+        // With another victim at hand, that one goes and the count holds.
+        let s = StoreService::with_policy(200, EvictPolicy::Lru);
+        s.put_state_dict("m", vec![("w".into(), t(40)), ("b".into(), t(40))]).unwrap();
+        s.put("z".into(), t(60)).unwrap();
+        s.put("a".into(), t(10)).unwrap();
+        assert!(s.get("m.w").is_some() && s.get("a").is_some());
+        s.put("m.w".into(), t(120)).unwrap();
+        assert_eq!(s.names(), vec!["a", "m.b", "m.w"]);
+        assert_eq!(s.bytes(), 170);
+        consistent(&s);
+        let ctx = CallContext::local();
+        run(s.remove(&ctx, &Selector::Name("m.w".into()))).unwrap();
+        run(s.remove(&ctx, &Selector::Name("a".into()))).unwrap();
+        assert_eq!(s.bytes(), 40);
+        consistent(&s);
+    }
+
+    #[test]
+    fn state_dicts_take_part_in_lru() {
+        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
+        let s = StoreService::with_policy(100, EvictPolicy::Lru);
+        s.put("old".into(), t(30)).unwrap();
+        s.put_state_dict("m", vec![("w".into(), t(30))]).unwrap();
+        s.put("new".into(), t(30)).unwrap();
+        // Fetched: the state dict is now the most recently used.
+        assert!(s.get_state_dict("m").is_some());
+        s.put("more".into(), t(30)).unwrap();
+        assert_eq!(s.names(), vec!["m.w", "more", "new"], "the oldest plain tensor went, not the state dict");
+        // A state dict stored into a full store makes room the same way.
+        s.put_state_dict("n", vec![("a".into(), t(20)), ("b".into(), t(20))]).unwrap();
+        assert_eq!(s.names(), vec!["m.w", "more", "n.a", "n.b"]);
+        // Replacing it frees its old members first; nothing else goes.
+        s.put_state_dict("n", vec![("a".into(), t(40))]).unwrap();
+        assert_eq!(s.names(), vec!["m.w", "more", "n.a"]);
+        consistent(&s);
+        assert!(s.put_state_dict("big", vec![("x".into(), t(101))]).is_err(), "above the whole store");
+        // Under refuse, nothing is evicted for a state dict either.
+        let r = StoreService::new(50);
+        r.put("a".into(), t(30)).unwrap();
+        assert!(r.put_state_dict("m", vec![("w".into(), t(30))]).is_err());
+        assert_eq!(r.names(), vec!["a"]);
+    }
+
+    #[test]
+    fn state_dict_updates_count_delta_bases() {
+        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
+        let s = StoreService::new(100);
+        s.put("a".into(), t(50)).unwrap();
+        s.put("a".into(), t(50)).unwrap();
+        assert_eq!(s.base_bytes(), 50, "the replaced version is kept as a base");
+        s.put_state_dict("m", vec![("w".into(), t(50))]).unwrap();
+        assert_eq!(s.base_bytes(), 0, "bases make room for what is stored");
+        assert!(s.bytes() + s.base_bytes() <= 100);
+        consistent(&s);
+    }
+
+    #[test]
+    fn removed_names_leave_no_lru_ticks() {
+        let s = StoreService::with_policy(1000, EvictPolicy::Lru);
+        let ctx = CallContext::local();
+        for i in 0..50 {
+            let name = format!("t{i}");
+            s.put(name.clone(), u8s(1)).unwrap();
+            run(s.remove(&ctx, &Selector::Name(name))).unwrap();
+        }
+        s.put_state_dict("m", vec![("a".into(), u8s(1)), ("b".into(), u8s(1))]).unwrap();
+        s.put_state_dict("m", vec![("c".into(), u8s(1))]).unwrap();
+        assert_eq!(lock(&s.last_used).len(), 1);
+        consistent(&s);
+    }
+
+    #[test]
+    fn a_remove_names_what_it_removes() {
+        let get = |k: &str| if k == "prefix" { Some("") } else { None };
+        assert_eq!(Selector::for_remove(get).unwrap(), Selector::Prefix(String::new()));
+        let e = Selector::for_remove(|_| None).unwrap_err();
+        assert!(e.contains("name=N") && e.contains("prefix=P"), "{e}");
+        assert_eq!(Selector::from_params(|_| None), Selector::Prefix(String::new()), "list: everything");
     }
 
     fn run<T>(f: impl std::future::Future<Output = T>) -> T {
