@@ -159,6 +159,27 @@ def test_received_tensor_storage_is_the_receive_buffer(cli_server):
         assert torch.equal(again, t)
 
 
+@pytest.mark.parametrize("scheme", ["shm", "unix", "tcp"])
+def test_received_tensors_can_be_changed_in_place(cli_server, scheme):
+    """On one host a received tensor may be the sender's shared-memory
+    segment itself (zero copy): torch's in-place ops write to it. (A
+    read-only mapping of it made them a SIGSEGV.) The writes stay on the
+    receiving side: the server's stored tensor is unchanged."""
+    s = cli_server(scheme)
+    t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: segment-sized
+    with tensorwire.Client(s.url) as c:
+        c.send({"w": t})
+        # The first fetches of a size go through the rings while a segment
+        # of that size is made; later ones arrive in it.
+        for _ in range(6):
+            got = c.fetch("w")
+            assert torch.equal(got, t)
+            got.add_(1)
+            assert torch.equal(got, t + 1)
+            got.numpy()[:4] = -1.0
+            assert got[:4].tolist() == [-1.0] * 4
+
+
 RSS_PROBE = textwrap.dedent(
     """
     import resource, sys, torch, tensorwire

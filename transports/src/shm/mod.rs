@@ -27,7 +27,8 @@
 //!   (the offer's seventh byte says which).
 //! - **One copy.** The sender copies the tensor into a segment chunk by
 //!   chunk as the pipeline hands it over; the receiver's tensor bytes *are*
-//!   its read-only mapping of the segment. No socket carries the payload.
+//!   its mapping of the segment (writable, so that a torch tensor made
+//!   from it may be changed in place). No socket carries the payload.
 //! - **Reuse.** A segment goes back to the sender's pool when the receiver
 //!   has dropped every view of it (RELEASED), so steady traffic pays no page
 //!   faults; the pool holds at most `max_in_flight` bytes.

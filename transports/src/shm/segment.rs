@@ -413,14 +413,23 @@ pub(crate) fn sealed_size(fd: &OwnedFd, what: &str) -> Result<u64, String> {
     Ok(size)
 }
 
-/// A segment of the peer's, mapped read-only for as long as this lives.
+/// A segment of the peer's, mapped for as long as this lives.
+///
+/// Mapped writable (shared): this crate only reads it, but a receiver's
+/// tensor *is* this memory, and a consumer outside Rust (a torch tensor
+/// made from it through DLPack) may write to it in place. A read-only
+/// mapping made that a SIGSEGV. Writes land in the sender's segment, which
+/// the sender neither reads nor reuses until every view is released;
+/// they give the receiver nothing it could not do with the descriptor it
+/// holds anyway.
 pub(crate) struct PeerSegment {
     ptr: *const u8,
     len: usize,
 }
 
-// SAFETY: the mapping is read-only on this side; sharing references to it
-// across threads is sound.
+// SAFETY: this crate never writes through the mapping (it hands out
+// shared, immutable views of it); sharing references to it across threads
+// is sound.
 unsafe impl Send for PeerSegment {}
 // SAFETY: see Send.
 unsafe impl Sync for PeerSegment {}
@@ -452,7 +461,14 @@ impl PeerSegment {
         // memory here for bytes no frame may ever name; pages are faulted in
         // only as the bytes a frame names are read.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             MAPPED_SEGMENTS.fetch_sub(1, AcqRel);
