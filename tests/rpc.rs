@@ -119,6 +119,37 @@ async fn max_wait_flushes_a_partial_batch() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_with_different_arguments_never_share_a_batch() {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let r = runs.clone();
+    let cfg = BatchConfig { max_batch: 16, max_wait: Duration::from_millis(200), ..BatchConfig::default() };
+    let scale = Function::batched("scale", cfg, move |inputs, args| {
+        let factor = match args.get("factor") {
+            Some(Value::Int(f)) => *f as f32,
+            other => return Err(Status::invalid_argument(format!("factor: {other:?}"))),
+        };
+        r.lock().unwrap().push((inputs[0].shape()[0], factor));
+        let y: Vec<f32> = f32s(&inputs[0]).iter().map(|v| v * factor).collect();
+        Ok(vec![Tensor::from_vec(inputs[0].shape(), y)?])
+    });
+    let (server, _d) = start(Server::builder().function(scale), "unix").await;
+    let c = Client::connect(&server.url()).await.unwrap();
+    let calls = (0..12).map(|i| {
+        let c = c.clone();
+        async move {
+            let factor = 2 + i % 3;
+            let args = Args::new().with("factor", factor);
+            let out = c.call("scale", vec![Tensor::from_vec([2], vec![1.0f32; 2]).unwrap()], args).await.unwrap();
+            assert_eq!(f32s(&out.tensors[0]), vec![factor as f32; 2], "caller {i} got another caller's factor");
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.iter().map(|(n, _)| n).sum::<usize>(), 12);
+    assert!(runs.len() < 12, "callers with the same arguments still share batches: {runs:?}");
+}
+
 fn cfg_fast() -> BatchConfig {
     BatchConfig { max_batch: 4, max_wait: Duration::from_millis(20), ..BatchConfig::default() }
 }

@@ -138,10 +138,13 @@ async fn run(name: String, config: BatchConfig, mut rx: mpsc::Receiver<Pending>,
         }
         // Callers that gave up are not computed for.
         batch.retain(|p| !p.reply.is_closed() && !p.call.ctx.is_cancelled());
-        // Examples of different shapes cannot be stacked: one run per shape.
+        // Examples of different shapes cannot be stacked, and the function
+        // sees one set of arguments per run: one run per shape and arguments.
         while !batch.is_empty() {
             let key = signature(&batch[0]);
-            let (group, rest): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| signature(p) == key);
+            let args = batch[0].call.args.clone();
+            let (group, rest): (Vec<Pending>, Vec<Pending>) =
+                batch.into_iter().partition(|p| signature(p) == key && p.call.args == args);
             batch = rest;
             run_group(&name, group, &f, &stats, inline).await;
         }
@@ -166,6 +169,7 @@ async fn run_group(name: &str, group: Vec<Pending>, f: &BatchFn, stats: &Functio
             return;
         }
     };
+    // Every caller of a group passed these same arguments.
     let args = group[0].call.args.clone();
     let result = if inline {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(stacked, &args)))
