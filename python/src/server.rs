@@ -5,6 +5,7 @@
 //! convention here: handlers get `Received` tensors and a dict of values and
 //! return tensor descriptions (see `tensors.rs`) and a value.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -108,13 +109,70 @@ struct Running {
     server: RunningServer,
 }
 
+/// A function as registered: made into a [`Function`] anew at each start
+/// (a batched function's batcher lives on the runtime it first ran on, so
+/// one made for an earlier start would not run on the next).
+struct Registration {
+    name: String,
+    dispatch: Arc<Py<PyAny>>,
+    batch: Option<BatchConfig>,
+    doc: String,
+}
+
+impl Registration {
+    fn function(&self) -> Function {
+        let (name, dispatch) = (self.name.clone(), self.dispatch.clone());
+        let f = match &self.batch {
+            Some(cfg) => Function::batched(name.clone(), cfg.clone(), move |inputs, args| {
+                with_gil(|py| {
+                    let res = dispatch.call1(py, (received_list(py, inputs)?, from_args(py, args)?))?;
+                    let out = output(res.bind(py))?;
+                    // Per-caller values cannot be split out of a batch: say
+                    // so rather than drop them (a dict of tensors would
+                    // come back as a tuple).
+                    if out.values != tensorwire::Value::None {
+                        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                            "batched function {name} returned a value or named tensors; a batched function returns \
+                             tensors only (a tensor or a tuple of them), each with the batch as its first dimension"
+                        )));
+                    }
+                    Ok(out.tensors)
+                })
+            }),
+            None => Function::new(name, move |call| {
+                with_gil(|py| {
+                    let res = dispatch.call1(py, (received_list(py, call.inputs)?, from_args(py, &call.args)?))?;
+                    output(res.bind(py))
+                })
+            }),
+        };
+        f.doc(self.doc.clone())
+    }
+}
+
 /// The server (see `tensorwire.Server` for the documented API).
 #[pyclass(frozen, module = "tensorwire._native")]
 pub struct NativeServer {
-    functions: Mutex<Vec<Function>>,
+    functions: Mutex<Vec<Registration>>,
     handlers: Mutex<[Option<Arc<Py<PyAny>>>; 3]>,
     running: Mutex<Option<Running>>,
+    /// A start is binding (without `running`'s lock held: it releases the
+    /// GIL meanwhile, and a thread holding the GIL may be waiting for that
+    /// lock in `serving` or `stop`).
+    starting: AtomicBool,
     urls: Mutex<Vec<String>>,
+}
+
+impl Drop for NativeServer {
+    /// A server dropped while running (no `stop()`, e.g. at interpreter
+    /// exit) stops without waiting: its runtime may be running a Python
+    /// handler that waits for the GIL this thread may hold.
+    fn drop(&mut self) {
+        if let Some(Running { rt, server }) = lock(&self.running).take() {
+            drop(server);
+            rt.shutdown_background();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -129,6 +187,7 @@ impl NativeServer {
             functions: Mutex::new(Vec::new()),
             handlers: Mutex::new([None, None, None]),
             running: Mutex::new(None),
+            starting: AtomicBool::new(false),
             urls: Mutex::new(Vec::new()),
         }
     }
@@ -144,28 +203,17 @@ impl NativeServer {
         max_wait_ms: Option<f64>,
         doc: String,
     ) -> PyResult<()> {
-        let dispatch = Arc::new(dispatch);
-        let f = match batch {
+        let batch = match batch {
             Some(max_batch) if max_batch > 1 => {
                 let mut cfg = BatchConfig { max_batch, ..BatchConfig::default() };
                 if let Some(ms) = max_wait_ms {
                     cfg.max_wait = crate::client::seconds(ms / 1e3, "max_wait_ms")?;
                 }
-                Function::batched(name, cfg, move |inputs, args| {
-                    with_gil(|py| {
-                        let res = dispatch.call1(py, (received_list(py, inputs)?, from_args(py, args)?))?;
-                        Ok(output(res.bind(py))?.tensors)
-                    })
-                })
+                Some(cfg)
             }
-            _ => Function::new(name, move |call| {
-                with_gil(|py| {
-                    let res = dispatch.call1(py, (received_list(py, call.inputs)?, from_args(py, &call.args)?))?;
-                    output(res.bind(py))
-                })
-            }),
+            _ => None,
         };
-        lock(&self.functions).push(f.doc(doc));
+        lock(&self.functions).push(Registration { name, dispatch: Arc::new(dispatch), batch, doc });
         Ok(())
     }
 
@@ -186,10 +234,20 @@ impl NativeServer {
         max_store_bytes: Option<u64>,
         workers: usize,
     ) -> PyResult<Vec<String>> {
-        let mut running = lock(&self.running);
-        if running.is_some() {
-            return Err(PyRuntimeError::new_err("server already started"));
+        {
+            let running = lock(&self.running);
+            if running.is_some() || self.starting.swap(true, Ordering::AcqRel) {
+                return Err(PyRuntimeError::new_err("server already started"));
+            }
         }
+        // Cleared however this start ends.
+        struct Started<'a>(&'a AtomicBool);
+        impl Drop for Started<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _started = Started(&self.starting);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
             .thread_name("tensorwire-server")
@@ -203,15 +261,16 @@ impl NativeServer {
         let [on_send, on_fetch, on_exchange] = lock(&self.handlers).clone();
         let store = StoreService::new(max_store_bytes.unwrap_or(tensorwire::DEFAULT_MAX_STORE_BYTES));
         let mut b = Server::builder().config(config).service(PyService { store, on_send, on_fetch, on_exchange });
-        for f in lock(&self.functions).drain(..) {
-            b = b.function(f);
+        // Kept: a later start (after stop, or after a failed one) serves them too.
+        for r in lock(&self.functions).iter() {
+            b = b.function(r.function());
         }
         let server = b.build();
         let started = py.detach(|| rt.block_on(server.start(listen)));
         let server = started.map_err(|e| raise(py, "ConnectError", e.to_string(), tensorwire::Code::Unavailable))?;
         let urls: Vec<String> = server.endpoints().iter().map(|e| e.to_string()).collect();
         *lock(&self.urls) = urls.clone();
-        *running = Some(Running { rt, server });
+        *lock(&self.running) = Some(Running { rt, server });
         Ok(urls)
     }
 

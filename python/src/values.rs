@@ -59,6 +59,14 @@ fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         }
         return Ok(Value::Map(m));
     }
+    // numpy's bool scalar (`arr.any()`): a bool, not the int `__index__`
+    // would make of it (or refuse to, in newer numpy).
+    if let Ok(kind) = obj.getattr("dtype").and_then(|d| d.getattr("kind"))
+        && kind.extract::<String>().is_ok_and(|k| k == "b")
+        && obj.getattr("shape").and_then(|s| s.len()).is_ok_and(|n| n == 0)
+    {
+        return Ok(Value::Bool(obj.is_truthy()?));
+    }
     // Numbers that are not builtins (numpy scalars, 0-dim tensors' .item()).
     if obj.hasattr("__index__")? {
         return Ok(Value::Int(obj.call_method0("__index__")?.extract()?));

@@ -9,6 +9,7 @@ capsule torch adopts: the tensor's storage *is* the receive buffer.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
@@ -72,8 +73,12 @@ def as_tensor(x: Any) -> "torch.Tensor":
     import torch
     if isinstance(x, torch.Tensor):
         return x
-    mod = type(x).__module__
-    if mod == "numpy" or mod.startswith("numpy."):
+    if _is_ndarray(x):
+        # What torch.from_numpy refuses: another byte order, negative strides.
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        if any(s < 0 for s in x.strides):
+            x = sys.modules["numpy"].ascontiguousarray(x)
         with warnings.catch_warnings():
             # Read-only arrays: torch warns that writes would be undefined;
             # tensorwire only reads them.
@@ -136,14 +141,16 @@ def describe_each(tensors: Any) -> Iterator[Description]:
             yield describe(item)
 
 
-def _is_numpy(x: Any) -> bool:
-    mod = type(x).__module__
-    return mod == "numpy" or mod.startswith("numpy.")
+def _is_ndarray(x: Any) -> bool:
+    """A numpy array, subclasses (``np.memmap``) included; numpy is not
+    imported for this (an array exists only if numpy was)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
 
 
 def is_tensor(x: Any) -> bool:
     """True for torch tensors and numpy arrays (what travels as tensors)."""
-    return isinstance(x, _torch().Tensor) or (_is_numpy(x) and type(x).__name__ == "ndarray")
+    return isinstance(x, _torch().Tensor) or _is_ndarray(x)
 
 
 def to_torch(r: "Received") -> "torch.Tensor":
@@ -203,6 +210,11 @@ def split_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Desc
     """Inputs and keyword values of a call (see the comment above)."""
     inputs: List[Description] = []
     values = dict(kwargs)
+    for k, v in kwargs.items():
+        if is_tensor(v):
+            raise TypeError(
+                f"keyword argument {k!r} is a tensor: pass tensors positionally (keyword arguments carry plain values)"
+            )
     for i, a in enumerate(args):
         if is_tensor(a):
             inputs.append(describe(a))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
 from . import _convert as cv
 from ._native import NativeServer, Received
@@ -61,14 +61,15 @@ class Server:
 
     def __init__(
         self,
-        listen: Sequence[str] = ("tcp://127.0.0.1:0",),
+        listen: Union[str, Sequence[str]] = ("tcp://127.0.0.1:0",),
         *,
         service_name: Optional[str] = None,
         auth_token: Optional[str] = None,
         max_store_bytes: Optional[int] = None,
         workers: int = 2,
     ) -> None:
-        self.listen = list(listen)
+        # One URL may be given as a plain string.
+        self.listen = [listen] if isinstance(listen, str) else list(listen)
         self._opts: Dict[str, Any] = dict(
             service_name=service_name, auth_token=auth_token, max_store_bytes=max_store_bytes, workers=workers
         )

@@ -174,6 +174,73 @@ def test_batched_function_stacks_concurrent_calls():
         s.stop()
 
 
+def test_a_batched_function_refuses_to_return_values():
+    """Per-caller values cannot be split out of a batch: the caller gets a
+    clear error, not a tuple where it returned a dict."""
+    s = tensorwire.Server("tcp://127.0.0.1:0")
+
+    @s.function("named", batch=4, max_wait_ms=5)
+    def named(x):
+        return {"y": x}
+
+    with s, tensorwire.Client(s.url) as c:
+        with pytest.raises(tensorwire.RemoteError, match="batched function named returned a value"):
+            c.call("named", torch.ones(2))
+
+
+def test_a_server_restarts_with_its_functions_and_answers_while_starting():
+    """Functions stay registered across stop/start; `serving` (which takes
+    the GIL) never waits for a start in progress on another thread."""
+    s = tensorwire.Server("tcp://127.0.0.1:0")
+
+    @s.function("twice", batch=4, max_wait_ms=5)
+    def twice(x):
+        return x * 2
+
+    for _ in range(2):
+        t = threading.Thread(target=s.start)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not s.serving:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.001)
+        t.join()
+        with tensorwire.Client(s.url) as c:
+            assert torch.equal(c.call("twice", torch.ones(3)), torch.full((3,), 2.0))
+        s.stop()
+
+
+def test_values_that_are_not_plain():
+    """A tensor passed as a keyword value is refused (tensors travel
+    positionally); numpy's bool scalar travels as a bool."""
+    import numpy as np
+
+    s = tensorwire.Server("tcp://127.0.0.1:0")
+
+    @s.function("kind")
+    def kind(flag):
+        return type(flag).__name__
+
+    with s, tensorwire.Client(s.url) as c:
+        assert c.call("kind", flag=np.array([1, 0]).any()) == "bool"
+        with pytest.raises(TypeError, match="keyword argument 'flag' is a tensor"):
+            c.call("kind", flag=torch.ones(1))
+
+
+def test_numpy_arrays_torch_cannot_share_are_sent_as_copies(server, tmp_path):
+    """Arrays `torch.from_numpy` refuses (reversed, big-endian) and array
+    subclasses (np.memmap) are sent as tensors."""
+    import numpy as np
+
+    a = np.arange(8, dtype=np.float32)
+    with server, tensorwire.Client(server.url) as c:
+        for x in (a[::-1], a.astype(">f4")):
+            assert torch.equal(c.call("scale", x, factor=1.0), torch.from_numpy(np.ascontiguousarray(x, "=f4")))
+        a.tofile(tmp_path / "a.f32")
+        m = np.memmap(tmp_path / "a.f32", dtype=np.float32, mode="r", shape=(8,))
+        assert torch.equal(c.call("scale", m, factor=1.0), torch.from_numpy(a))
+
+
 def test_tasks_submit_status_result_cancel(server):
     server.start()
     with tensorwire.Client(server.url) as c:
