@@ -30,6 +30,9 @@ pub const DEFAULT_MAX_STORE_BYTES: u64 = 8 << 30;
 /// Default largest JSON-RPC request body over HTTP: 64 MiB (JSON and base64
 /// suit small calls; large tensors travel faster on the native protocol).
 pub const DEFAULT_MAX_HTTP_BODY_BYTES: u64 = 64 << 20;
+/// Default largest JSON-RPC response over HTTP: 256 MiB, a batch's answers
+/// together (a tensor travels as base64, 4/3 of its bytes).
+pub const DEFAULT_MAX_HTTP_RESPONSE_BYTES: u64 = 256 << 20;
 /// Default most bytes of receive buffers kept idle for reuse (the receive
 /// pool): 1 GiB, and never more than a quarter of the memory budget.
 pub const DEFAULT_RECV_POOL_BYTES: u64 = 1 << 30;
@@ -96,6 +99,17 @@ pub(crate) const JSONRPC_BATCH_CONCURRENCY: usize = 16;
 /// Time an HTTP request body has to arrive once its headers have.
 #[cfg(feature = "http")]
 pub(crate) const HTTP_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest `tensorwire.result` wait over HTTP (a longer `wait_ms` is cut
+/// to this; the client asks again): a client that went away stops holding
+/// the server's call slot after this long.
+#[cfg(feature = "http")]
+pub(crate) const JSONRPC_MAX_WAIT_MS: u64 = 60_000;
+/// Memory a parsed JSON value takes beyond its text, at most (a
+/// `serde_json::Value` in an array or an order-preserving map): a request
+/// body is reserved against the memory budget as its bytes twice (the body
+/// and the tensors decoded from it) plus this per value in it.
+#[cfg(feature = "http")]
+pub(crate) const JSON_VALUE_BYTES: u64 = 96;
 /// Transfers shorter than this say little about a link's throughput.
 pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
 /// Weight of the newest transfer in the link throughput estimate
@@ -298,6 +312,11 @@ pub struct ServerConfig {
     /// Largest JSON-RPC request body on `http://` listeners, in bytes
     /// (default 64 MiB); larger ones are refused with 413 unread.
     pub max_http_body_bytes: u64,
+    /// Largest JSON-RPC response on `http://` listeners, in bytes (default
+    /// [`DEFAULT_MAX_HTTP_RESPONSE_BYTES`]): an answer that would pass it,
+    /// alone or with the batch's answers before it, is an error instead
+    /// (a result's tensors are checked before they are encoded).
+    pub max_http_response_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -318,6 +337,7 @@ impl Default for ServerConfig {
             max_memory_bytes: crate::pipeline::budget::default_limit(),
             recv_pool_bytes: DEFAULT_RECV_POOL_BYTES,
             max_http_body_bytes: DEFAULT_MAX_HTTP_BODY_BYTES,
+            max_http_response_bytes: DEFAULT_MAX_HTTP_RESPONSE_BYTES,
         }
     }
 }

@@ -288,3 +288,53 @@ async fn functions_tasks_batches_deadlines_and_statistics() {
     assert_eq!(slow.await.unwrap()["result"], "slept");
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err(), "the listener is closed");
 }
+
+#[tokio::test]
+async fn connections_memory_and_responses_are_bounded() {
+    let config = ServerConfig {
+        max_connections_per_peer: 2,
+        max_memory_bytes: 8 << 20,
+        max_http_response_bytes: 64 << 10,
+        ..ServerConfig::default()
+    };
+    let (server, addr) = start(config).await;
+
+    // A body of many tiny values parses into many times its size: it is
+    // reserved against the memory budget first (here 8 MiB), 503 if short.
+    let zeros = format!("[{}0]", "0,".repeat(300_000));
+    let head =
+        format!("POST /rpc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}", zeros.len());
+    let r = raw(&addr, &head, zeros.as_bytes()).await;
+    assert_eq!(r.status, 503, "{}", r.head);
+    let e = r.json();
+    assert!(e["error"]["message"].as_str().unwrap().contains("short of memory"), "{e}");
+    assert_eq!(post(&addr, "", &req("add_numbers", json!([1, 2]), 1)).await.json()["result"], 3);
+
+    // A result whose base64 would not fit the response: an error, checked
+    // before it is encoded; the same tensor fits alone below the limit.
+    let big = f32_tensor(&vec![1.0; 16 << 10], &[16 << 10]); // 64 KiB: ~87 KiB as base64
+    let e = post(&addr, "", &req("double", json!([big]), 2)).await.json();
+    assert_eq!(e["error"]["code"], -32017, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("max-http-response-bytes"), "{e}");
+    let small = f32_tensor(&vec![1.0; 4 << 10], &[4 << 10]); // 16 KiB: ~22 KiB as base64
+    assert_eq!(f32_values(&post(&addr, "", &req("double", json!([small]), 3)).await.json()["result"]).len(), 4 << 10);
+    // A batch: answers are charged in turn; those past the limit are errors.
+    let batch = Json::Array((0..4).map(|i| req("double", json!([small]), 10 + i)).collect());
+    let answers = post(&addr, "", &batch).await.json();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 4);
+    let ok = answers.iter().filter(|a| a.get("result").is_some()).count();
+    assert!((1..4).contains(&ok), "{ok} of 4 fit in 64 KiB");
+    assert!(answers.iter().filter(|a| a.get("error").is_some()).all(|a| a["error"]["code"] == -32017));
+
+    // Two idle connections from this address are the cap: a third gets 503.
+    let idle: Vec<_> = futures_util::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(&addr))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = post(&addr, "", &req("add_numbers", json!([1, 2]), 4)).await;
+    assert_eq!(r.status, 503, "{}", r.head);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("too many HTTP connections from"), "{}", r.head);
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(post(&addr, "", &req("add_numbers", json!([1, 2]), 5)).await.json()["result"], 3);
+    server.shutdown().await;
+}

@@ -236,8 +236,19 @@ pub fn grpc_messages(data: &[u8]) {
 #[cfg(feature = "http")]
 pub fn jsonrpc(data: &[u8]) {
     use crate::jsonrpc::convert::{Signature, call_params, tensor_to_json, value_to_json};
-    use crate::jsonrpc::protocol::{Body, parse, response};
+    use crate::jsonrpc::protocol::{Body, json_values, parse, response};
     use crate::rpc::value::Value;
+    // The count the server reserves memory by bounds the values a parse makes.
+    fn values_in(v: &serde_json::Value) -> u64 {
+        1 + match v {
+            serde_json::Value::Array(a) => a.iter().map(values_in).sum(),
+            serde_json::Value::Object(o) => o.values().map(values_in).sum(),
+            _ => 0,
+        }
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+        assert!(values_in(&v) <= json_values(data), "json_values undercounts");
+    }
     let limits = limits();
     let entries = match parse(data, 64) {
         Body::Single(e) => vec![e],

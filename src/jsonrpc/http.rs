@@ -3,8 +3,11 @@
 //! length), the body read within its limit, and the answers; graceful
 //! shutdown with the rest of the server.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -14,16 +17,17 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 use tensorwire_transports::{AcceptError, Connection, Endpoint, ListenError, Listener};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 use super::methods::Caller;
 use super::protocol::{self, Body, RpcError};
-use crate::config::{HTTP_BODY_TIMEOUT, JSONRPC_BATCH_CONCURRENCY, JSONRPC_MAX_BATCH};
+use crate::config::{HTTP_BODY_TIMEOUT, JSON_VALUE_BYTES, JSONRPC_BATCH_CONCURRENCY, JSONRPC_MAX_BATCH};
 use crate::error::Status;
 use crate::server::state::ServerInner;
+use crate::util::sync::lock;
 
 /// The path JSON-RPC requests are POSTed to.
 const RPC_PATH: &str = "/rpc";
@@ -73,7 +77,70 @@ impl Listener for HttpListener {
     }
 }
 
+/// Open HTTP connections of one listener, in all and per peer address:
+/// `max_connections` and `max_connections_per_peer` apply to them as to
+/// native connections (counted apart from those).
+#[derive(Default)]
+struct Open {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct Admitted {
+    open: Arc<Mutex<Open>>,
+    peer: IpAddr,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut o = lock(&self.open);
+        o.total = o.total.saturating_sub(1);
+        if let Some(n) = o.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                o.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+fn admit(open: &Arc<Mutex<Open>>, peer: IpAddr, inner: &ServerInner) -> Result<Admitted, String> {
+    let cfg = &inner.config;
+    let mut o = lock(open);
+    let from_peer = o.per_peer.get(&peer).copied().unwrap_or(0);
+    if from_peer >= cfg.max_connections_per_peer {
+        return Err(format!(
+            "too many HTTP connections from {peer}: {from_peer} open, the server allows {} per peer",
+            cfg.max_connections_per_peer
+        ));
+    }
+    if o.total >= cfg.max_connections {
+        return Err(format!("too many HTTP connections: {} open, the server allows {}", o.total, cfg.max_connections));
+    }
+    o.total += 1;
+    *o.per_peer.entry(peer).or_default() += 1;
+    Ok(Admitted { open: open.clone(), peer })
+}
+
+/// Answers a connection over the caps with 503 and closes it.
+async fn refuse_connection(mut stream: tokio::net::TcpStream, reason: String) {
+    use tokio::io::AsyncWriteExt;
+    let body = protocol::response(Json::Null, Err(RpcError::from_status(&Status::unavailable(reason)))).to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write).await;
+}
+
 async fn accept(tcp: TcpListener, inner: Arc<ServerInner>, mut stopped: oneshot::Receiver<()>) {
+    let open = Arc::new(Mutex::new(Open::default()));
     loop {
         let (stream, addr) = tokio::select! {
             _ = &mut stopped => return,
@@ -87,11 +154,22 @@ async fn accept(tcp: TcpListener, inner: Arc<ServerInner>, mut stopped: oneshot:
             },
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(inner.clone(), stream, addr));
+        match admit(&open, addr.ip(), &inner) {
+            Ok(admitted) => drop(tokio::spawn(serve_connection(inner.clone(), stream, addr, admitted))),
+            Err(reason) => {
+                tracing::debug!(peer = %addr, %reason, "HTTP connection refused");
+                tokio::spawn(refuse_connection(stream, reason));
+            }
+        }
     }
 }
 
-async fn serve_connection(inner: Arc<ServerInner>, stream: tokio::net::TcpStream, addr: std::net::SocketAddr) {
+async fn serve_connection(
+    inner: Arc<ServerInner>,
+    stream: tokio::net::TcpStream,
+    addr: std::net::SocketAddr,
+    _admitted: Admitted,
+) {
     let peer = addr.to_string();
     let svc_inner = inner.clone();
     let svc = hyper::service::service_fn(move |req| {
@@ -118,7 +196,11 @@ async fn serve_connection(inner: Arc<ServerInner>, stream: tokio::net::TcpStream
 }
 
 fn reply(status: StatusCode, body: Json) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    reply_bytes(status, Bytes::from(body.to_string()))
+}
+
+fn reply_bytes(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
@@ -196,7 +278,21 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
         }
         Err(_) => return plain(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time\n"),
     };
-    let caller = Caller { inner, peer, timeout_ms };
+    // What parsing it and the tensors in it will take, held against the
+    // server's memory budget until the answer is sent: a small body of many
+    // tiny values parses into many times its size.
+    let need = (body.len() as u64)
+        .saturating_mul(2)
+        .saturating_add(protocol::json_values(&body).saturating_mul(JSON_VALUE_BYTES));
+    let _held = match inner.budget.try_reserve(need, "JSON-RPC request") {
+        Ok(h) => h,
+        Err(e) => {
+            let s = Status::resource_exhausted(format!("the server is short of memory for this request: {e}"));
+            return refuse(StatusCode::SERVICE_UNAVAILABLE, RpcError::from_status(&s));
+        }
+    };
+    let response_left = AtomicU64::new(inner.config.max_http_response_bytes);
+    let caller = Caller { inner, peer, timeout_ms, response_left };
     match protocol::parse(&body, JSONRPC_MAX_BATCH) {
         Body::Invalid(e) => reply(StatusCode::OK, protocol::response(Json::Null, Err(e))),
         Body::Single(Err(bad)) => {
@@ -204,18 +300,20 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
             reply(StatusCode::OK, protocol::response(id, Err(e)))
         }
         Body::Single(Ok(r)) => match caller.answer(r).await {
-            Some(answer) => reply(StatusCode::OK, answer),
+            Some(answer) => reply_bytes(StatusCode::OK, Bytes::from(answer)),
             None => no_content(),
         },
         Body::Batch(entries) => {
             let caller = &caller;
-            let answers: Vec<Json> = futures_util::stream::iter(entries)
+            // Answers come back serialized (each charged to the response's
+            // limit as it is made) and are joined into one array.
+            let answers: Vec<Vec<u8>> = futures_util::stream::iter(entries)
                 .map(|e| async move {
                     match e {
                         Ok(r) => caller.answer(r).await,
                         Err(bad) => {
                             let (id, e) = *bad;
-                            Some(protocol::response(id, Err(e)))
+                            Some(protocol::response(id, Err(e)).to_string().into_bytes())
                         }
                     }
                 })
@@ -224,7 +322,19 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
                 .collect()
                 .await;
             // A batch of notifications only is answered with nothing.
-            if answers.is_empty() { no_content() } else { reply(StatusCode::OK, json!(answers)) }
+            if answers.is_empty() {
+                return no_content();
+            }
+            let mut out = Vec::with_capacity(answers.iter().map(|a| a.len() + 1).sum::<usize>() + 1);
+            out.push(b'[');
+            for (i, a) in answers.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(a);
+            }
+            out.push(b']');
+            reply_bytes(StatusCode::OK, Bytes::from(out))
         }
     }
 }

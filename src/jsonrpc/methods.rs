@@ -4,6 +4,7 @@
 //! statistics and shutdown rules as a native call.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Value as Json, json};
 use tensorwire_codecs::Tensor;
@@ -12,6 +13,7 @@ use tensorwire_transports::StreamKind;
 
 use super::convert::{Signature, call_params, output_to_json};
 use super::protocol::{Params, Request, RpcError, response};
+use crate::config::JSONRPC_MAX_WAIT_MS;
 use crate::error::{CallError, Status};
 use crate::observe::info::{FunctionInfo, ServiceInfo};
 use crate::rpc::call::Output;
@@ -27,6 +29,9 @@ pub(crate) struct Caller {
     pub(crate) peer: String,
     /// From the `X-Timeout-Ms` header: each call's deadline (0: none).
     pub(crate) timeout_ms: u64,
+    /// Bytes the response may still take (`max_http_response_bytes`, less
+    /// the answers made so far).
+    pub(crate) response_left: AtomicU64,
 }
 
 fn status(e: CallError) -> RpcError {
@@ -104,10 +109,43 @@ fn info_json(i: &ServiceInfo) -> Json {
 }
 
 impl Caller {
-    /// Runs one request; the response, or None for a notification.
-    pub(crate) async fn answer(&self, req: Request) -> Option<Json> {
+    /// Runs one request; the response, serialized, or None for a
+    /// notification. Its bytes are taken from what the response may still
+    /// take; an answer that does not fit is an error instead.
+    pub(crate) async fn answer(&self, req: Request) -> Option<Vec<u8>> {
         let result = self.run(&req.method, &req.params).await;
-        req.id.map(|id| response(id, result))
+        let id = req.id?;
+        let bytes = response(id.clone(), result).to_string().into_bytes();
+        let n = bytes.len() as u64;
+        let taken = self.response_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n));
+        match taken {
+            Ok(_) => Some(bytes),
+            Err(left) => {
+                let e = self.too_large(n, left);
+                Some(response(id, Err(e)).to_string().into_bytes())
+            }
+        }
+    }
+
+    /// The error for an answer of `n` bytes when `left` may still be sent.
+    fn too_large(&self, n: u64, left: u64) -> RpcError {
+        RpcError::from_status(&Status::limit_exceeded(format!(
+            "the answer ({n} bytes as JSON) is above what this response may still take ({left} of its limit of {} \
+             bytes, serve --max-http-response-bytes); fetch large results with the native protocol",
+            self.inner.config.max_http_response_bytes
+        )))
+    }
+
+    /// A call's outputs as JSON, unless their tensors alone (as base64, 4/3
+    /// of their bytes) would not fit in the response: checked before they
+    /// are encoded.
+    fn output_json(&self, out: &Output) -> Result<Json, RpcError> {
+        let base64: u64 = out.tensors.iter().map(|t| (t.nbytes() as u64).div_ceil(3) * 4).sum();
+        let left = self.response_left.load(Ordering::Acquire);
+        if base64 > left {
+            return Err(self.too_large(base64, left));
+        }
+        output_to_json(out)
     }
 
     async fn run(&self, method: &str, params: &Params) -> Result<Json, RpcError> {
@@ -123,19 +161,22 @@ impl Caller {
             "tensorwire.result" => {
                 let [id, wait] =
                     <[Json; 2]>::try_from(fixed_params(method, params, &["task_id", "wait_ms"])?).expect("two params");
+                // Cut to JSONRPC_MAX_WAIT_MS: a client that went away holds
+                // the call no longer than that (one still there asks again).
                 let wait_ms = match wait {
                     Json::Null => 0,
                     w => w
                         .as_u64()
                         .ok_or_else(|| RpcError::invalid_params("wait_ms must be a number of milliseconds"))?,
-                };
+                }
+                .min(JSONRPC_MAX_WAIT_MS);
                 let req = v1::Request {
                     task_id: string_param(method, &id, "task_id")?,
                     wait_ms,
                     ..self.request(Method::TaskResult)
                 };
                 let (tensors, reply) = self.dispatch(req, vec![]).await?;
-                output_to_json(&Output {
+                self.output_json(&Output {
                     tensors,
                     values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default(),
                 })
@@ -211,7 +252,7 @@ impl Caller {
             .map_err(|s| RpcError::method_not_found(format!("Method not found: {}", s.message)))?;
         let (inputs, req) = self.prepare(f, params)?;
         let (tensors, reply) = self.dispatch(req, inputs).await?;
-        output_to_json(&Output { tensors, values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default() })
+        self.output_json(&Output { tensors, values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default() })
     }
 
     /// `tensorwire.submit`: `[function, params]` or `{"function", "params"}`,

@@ -17,6 +17,17 @@
 //! answers (errors included) are `200 OK`; a notification, or a batch of
 //! notifications only, gets `204 No Content`.
 //!
+//! **Bounds.** `max_connections` and `max_connections_per_peer` (by
+//! address) apply to HTTP connections, counted apart from native ones; one
+//! past them is answered 503 and closed. A body is reserved against the
+//! server's memory budget before it is parsed (its bytes twice, plus
+//! `JSON_VALUE_BYTES` per value: tiny values parse into many times their
+//! text), 503 when the budget is short. A response may take
+//! `ServerConfig::max_http_response_bytes`, a batch's answers together,
+//! each charged as it is made; one that does not fit is a LIMIT_EXCEEDED
+//! error instead (a result's tensors are checked, as base64, before they
+//! are encoded). `tensorwire.result` waits at most `JSONRPC_MAX_WAIT_MS`.
+//!
 //! **Methods.**
 //!
 //! | method | params | result |
@@ -46,7 +57,8 @@
 //! `{"tensors": [...], "values": ...}` for both.
 //!
 //! **Errors.** -32700 parse error, -32600 invalid request (also an empty or
-//! oversized batch), -32601 method not found (an unknown function), -32602
+//! oversized batch), -32601 method not found (an unknown function called by
+//! name; one named in `tensorwire.submit` is NOT_FOUND, -32002), -32602
 //! invalid params (also a function's INVALID_ARGUMENT: a lying shape, a
 //! wrong dtype), -32603 internal (a function that panicked); every other
 //! server status as `-32000 - <wire ErrorCode>` (NOT_FOUND -32002,

@@ -107,6 +107,31 @@ pub(crate) enum Body {
     Invalid(RpcError),
 }
 
+/// About how many JSON values `body` holds, counted without parsing it
+/// (one per `[`, `{`, `,` and `:` outside strings, plus one): what its
+/// parse will allocate is bounded by this times a value's size, so the
+/// server reserves memory for a body before parsing it.
+pub(crate) fn json_values(body: &[u8]) -> u64 {
+    let (mut n, mut in_string, mut escaped) = (1u64, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
 /// Parses a request body; batches may hold at most `max_batch` requests.
 pub(crate) fn parse(body: &[u8], max_batch: usize) -> Body {
     let v: Json = match serde_json::from_slice(body) {
@@ -168,6 +193,18 @@ pub(crate) fn response(id: Json, result: Result<Json, RpcError>) -> Json {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_counted_without_parsing() {
+        assert_eq!(json_values(b"30"), 1);
+        assert_eq!(json_values(b"[0,0,0]"), 4);
+        assert_eq!(json_values(br#"{"a":[1,2],"b":{}}"#), 8);
+        // Structure inside strings (escaped quotes too) is not counted.
+        assert_eq!(json_values(br#"["a,b:[{", "x\"],[\\"]"#), 3);
+        // An upper bound on the values a parse makes, for any text.
+        let parsed = |b: &[u8]| serde_json::from_slice::<Json>(b).unwrap();
+        assert_eq!(parsed(br#"["a,b:[{", "x\"],[\\"]"#).as_array().unwrap().len(), 2);
+    }
 
     fn single(body: &str) -> Entry {
         match parse(body.as_bytes(), 10) {

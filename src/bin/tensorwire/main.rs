@@ -115,6 +115,10 @@ struct ServeArgs {
     /// Largest JSON-RPC request body on http:// listeners, in bytes.
     #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_HTTP_BODY_BYTES)]
     max_http_body_bytes: u64,
+    /// Largest JSON-RPC response on http:// listeners, in bytes (a batch's
+    /// answers together; tensors count as base64, 4/3 of their bytes).
+    #[arg(long, default_value_t = tensorwire::DEFAULT_MAX_HTTP_RESPONSE_BYTES)]
+    max_http_response_bytes: u64,
 }
 
 #[derive(ClapArgs, Debug, Clone)]
@@ -384,6 +388,7 @@ async fn serve(a: ServeArgs) -> Result<(), BoxError> {
         max_connections_per_peer: a.max_connections.unwrap_or(defaults.max_connections_per_peer),
         max_auth_failures: a.max_auth_failures,
         max_http_body_bytes: a.max_http_body_bytes,
+        max_http_response_bytes: a.max_http_response_bytes,
         ..defaults
     };
     if config.auth_token.is_some() {
