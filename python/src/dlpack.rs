@@ -75,19 +75,19 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     // SAFETY: called by Python with the capsule; a consumed capsule was
     // renamed ("used_dltensor") and its tensor belongs to the consumer.
     unsafe {
+        // IsValid sets no error either way (GetPointer would, with another
+        // name). Nothing is cleared here: a capsule may be freed while an
+        // exception propagates, and that exception is not ours to drop.
         if ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr()).cast::<DLManagedTensor>();
             deleter(m);
-        } else {
-            // IsValid with another name sets no error, but GetPointer would;
-            // a destructor must leave no exception behind.
-            ffi::PyErr_Clear();
         }
     }
 }
 
 /// A `dltensor` capsule exporting `bytes` as a writable 1-D uint8 CPU
-/// tensor (the receiver owns the buffer alone: nothing else reads it).
+/// tensor (the receiver owns the buffer alone: nothing else reads it; a
+/// shared-memory segment it lies in is mapped writable for this).
 pub fn capsule(py: Python<'_>, bytes: Bytes) -> PyResult<Bound<'_, PyAny>> {
     let len = bytes.len() as i64;
     let data = bytes.as_ptr() as *mut c_void;

@@ -451,7 +451,14 @@ impl TensorService for StoreService {
             let t = t.map_err(Status::from)?;
             let name = match t.name() {
                 Some(n) => n.to_string(),
-                None => format!("tensor-{}", self.unnamed.fetch_add(1, Ordering::Relaxed)),
+                // The next `tensor-N` no stored tensor has (never a
+                // tensor a client named so).
+                None => loop {
+                    let n = format!("tensor-{}", self.unnamed.fetch_add(1, Ordering::Relaxed));
+                    if !read(&self.tensors).contains_key(&n) {
+                        break n;
+                    }
+                },
             };
             s.received += 1;
             s.bytes += t.nbytes() as u64;

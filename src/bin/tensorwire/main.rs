@@ -336,7 +336,12 @@ fn encoding(e: &EncodingArgs) -> Encoding {
 /// the transport encrypts, or the address stays on this host).
 fn plaintext_beyond_loopback(url: &str) -> Option<&'static str> {
     let ep = tensorwire::Endpoint::parse(url).ok()?;
-    if !matches!(ep.scheme(), tensorwire::Scheme::Tcp | tensorwire::Scheme::Grpc) {
+    // Every scheme that crosses a network unencrypted (ucx://'s control
+    // connection is plain TCP; http:// carries the bearer token).
+    if !matches!(
+        ep.scheme(),
+        tensorwire::Scheme::Tcp | tensorwire::Scheme::Grpc | tensorwire::Scheme::Ucx | tensorwire::Scheme::Http
+    ) {
         return None;
     }
     let host = ep.host().trim_start_matches('[').trim_end_matches(']');

@@ -231,11 +231,11 @@ pub(crate) async fn ls(a: LsArgs) -> Result<(), BoxError> {
         .iter()
         .map(|t| {
             [
-                t.name.clone(),
+                printable(&t.name),
                 t.dtype.name().to_string(),
                 format!("{:?}", t.shape),
                 human_bytes(t.bytes),
-                t.state_dict.clone().unwrap_or_else(|| "-".into()),
+                t.state_dict.as_deref().map_or_else(|| "-".into(), printable),
                 human_age(t.age),
             ]
         })
@@ -270,9 +270,24 @@ pub(crate) async fn rm(a: RmArgs) -> Result<(), BoxError> {
         println!("{}", serde_json::json!({ "removed": names, "tensors": removed.len(), "bytes": bytes }));
     } else {
         for t in &removed {
-            println!("removed {}", t.name);
+            println!("removed {}", printable(&t.name));
         }
         println!("{} tensors, {} removed", removed.len(), human_bytes(bytes));
     }
     Ok(())
+}
+
+/// A name chosen by whoever stored it, safe to print on a terminal:
+/// control characters (escape sequences) are shown escaped.
+fn printable(name: &str) -> String {
+    if name.chars().any(char::is_control) { name.escape_debug().to_string() } else { name.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_with_control_characters_print_escaped() {
+        assert_eq!(super::printable("model.w"), "model.w");
+        assert_eq!(super::printable("evil\u{1b}[2Jname"), "evil\\u{1b}[2Jname");
+    }
 }
