@@ -104,12 +104,19 @@ pub(crate) const HTTP_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// the server's call slot after this long.
 #[cfg(feature = "http")]
 pub(crate) const JSONRPC_MAX_WAIT_MS: u64 = 60_000;
-/// Memory a parsed JSON value takes beyond its text, at most (a
-/// `serde_json::Value` in an array or an order-preserving map): a request
-/// body is reserved against the memory budget as its bytes twice (the body
-/// and the tensors decoded from it) plus this per value in it.
+/// Memory a parsed JSON value may take beyond its text: a
+/// `serde_json::Value` (order-preserving maps) in a vector that grew by
+/// doubling. A request body is reserved against the memory budget as its
+/// bytes three times (the body, its parsed strings, the tensors decoded
+/// from them) plus this per value in it.
 #[cfg(feature = "http")]
-pub(crate) const JSON_VALUE_BYTES: u64 = 96;
+pub(crate) const JSON_VALUE_BYTES: u64 = 160;
+/// Request bodies and answers this small (64 KiB) are never refused for
+/// memory or response size: a health check or a task id always gets
+/// through, and an answer of a call that already ran is never lost for
+/// want of room (it is still counted).
+#[cfg(feature = "http")]
+pub(crate) const HTTP_SMALL_BYTES: u64 = 64 << 10;
 /// Transfers shorter than this say little about a link's throughput.
 pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
 /// Weight of the newest transfer in the link throughput estimate
@@ -315,7 +322,8 @@ pub struct ServerConfig {
     /// Largest JSON-RPC response on `http://` listeners, in bytes (default
     /// [`DEFAULT_MAX_HTTP_RESPONSE_BYTES`]): an answer that would pass it,
     /// alone or with the batch's answers before it, is an error instead
-    /// (a result's tensors are checked before they are encoded).
+    /// (a result's tensors are checked before they are encoded). Answers
+    /// under 64 KiB always go (so 0 refuses every larger one).
     pub max_http_response_bytes: u64,
 }
 

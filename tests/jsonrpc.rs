@@ -294,7 +294,7 @@ async fn connections_memory_and_responses_are_bounded() {
     let config = ServerConfig {
         max_connections_per_peer: 2,
         max_memory_bytes: 8 << 20,
-        max_http_response_bytes: 64 << 10,
+        max_http_response_bytes: 256 << 10,
         ..ServerConfig::default()
     };
     let (server, addr) = start(config).await;
@@ -310,22 +310,25 @@ async fn connections_memory_and_responses_are_bounded() {
     assert!(e["error"]["message"].as_str().unwrap().contains("short of memory"), "{e}");
     assert_eq!(post(&addr, "", &req("add_numbers", json!([1, 2]), 1)).await.json()["result"], 3);
 
-    // A result whose base64 would not fit the response: an error, checked
-    // before it is encoded; the same tensor fits alone below the limit.
-    let big = f32_tensor(&vec![1.0; 16 << 10], &[16 << 10]); // 64 KiB: ~87 KiB as base64
+    // A result whose base64 would not fit the response (256 KiB): an error,
+    // checked before it is encoded.
+    let big = f32_tensor(&vec![1.0; 64 << 10], &[64 << 10]); // 256 KiB: ~341 KiB as base64
     let e = post(&addr, "", &req("double", json!([big]), 2)).await.json();
     assert_eq!(e["error"]["code"], -32017, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("max-http-response-bytes"), "{e}");
-    let small = f32_tensor(&vec![1.0; 4 << 10], &[4 << 10]); // 16 KiB: ~22 KiB as base64
-    assert_eq!(f32_values(&post(&addr, "", &req("double", json!([small]), 3)).await.json()["result"]).len(), 4 << 10);
-    // A batch: answers are charged in turn; those past the limit are errors.
-    let batch = Json::Array((0..4).map(|i| req("double", json!([small]), 10 + i)).collect());
-    let answers = post(&addr, "", &batch).await.json();
+    // A batch: answers are charged in turn; large ones past the limit are
+    // errors, small ones (below 64 KiB) always go.
+    let mid = f32_tensor(&vec![1.0; 16 << 10], &[16 << 10]); // 64 KiB: ~87 KiB as base64
+    let small = f32_tensor(&vec![1.0; 1 << 10], &[1 << 10]);
+    let mut batch: Vec<Json> = (0..4).map(|i| req("double", json!([mid]), 10 + i)).collect();
+    batch.push(req("double", json!([small]), 20));
+    let answers = post(&addr, "", &Json::Array(batch)).await.json();
     let answers = answers.as_array().unwrap();
-    assert_eq!(answers.len(), 4);
-    let ok = answers.iter().filter(|a| a.get("result").is_some()).count();
-    assert!((1..4).contains(&ok), "{ok} of 4 fit in 64 KiB");
+    assert_eq!(answers.len(), 5);
+    let ok = answers[..4].iter().filter(|a| a.get("result").is_some()).count();
+    assert!((1..4).contains(&ok), "{ok} of 4 fit in 256 KiB");
     assert!(answers.iter().filter(|a| a.get("error").is_some()).all(|a| a["error"]["code"] == -32017));
+    assert_eq!(f32_values(&answers[4]["result"]).len(), 1 << 10, "a small answer goes whatever is left");
 
     // Two idle connections from this address are the cap: a third gets 503.
     let idle: Vec<_> = futures_util::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(&addr))).await;

@@ -148,6 +148,14 @@ async fn callers_with_different_arguments_never_share_a_batch() {
     let runs = runs.lock().unwrap().clone();
     assert_eq!(runs.iter().map(|(n, _)| n).sum::<usize>(), 12);
     assert!(runs.len() < 12, "callers with the same arguments still share batches: {runs:?}");
+    // A NaN equals nothing, itself included: its caller still gets its own
+    // batch (here an error: the function takes integers), and the
+    // function keeps serving.
+    let x = || vec![Tensor::from_vec([2], vec![1.0f32; 2]).unwrap()];
+    let e = c.call("scale", x(), Args::new().with("factor", f64::NAN)).await.unwrap_err();
+    assert!(e.status().unwrap().message.contains("factor"), "{e}");
+    let out = c.call("scale", x(), Args::new().with("factor", 5)).await.unwrap();
+    assert_eq!(f32s(&out.tensors[0]), vec![5.0; 2]);
 }
 
 fn cfg_fast() -> BatchConfig {

@@ -160,6 +160,9 @@ pub struct NativeServer {
     /// GIL meanwhile, and a thread holding the GIL may be waiting for that
     /// lock in `serving` or `stop`).
     starting: AtomicBool,
+    /// `stop()` came while a start was binding: that start stops the
+    /// server it made instead of publishing it.
+    stop_requested: AtomicBool,
     urls: Mutex<Vec<String>>,
 }
 
@@ -188,6 +191,7 @@ impl NativeServer {
             handlers: Mutex::new([None, None, None]),
             running: Mutex::new(None),
             starting: AtomicBool::new(false),
+            stop_requested: AtomicBool::new(false),
             urls: Mutex::new(Vec::new()),
         }
     }
@@ -239,6 +243,7 @@ impl NativeServer {
             if running.is_some() || self.starting.swap(true, Ordering::AcqRel) {
                 return Err(PyRuntimeError::new_err("server already started"));
             }
+            self.stop_requested.store(false, Ordering::Release);
         }
         // Cleared however this start ends.
         struct Started<'a>(&'a AtomicBool);
@@ -269,9 +274,21 @@ impl NativeServer {
         let started = py.detach(|| rt.block_on(server.start(listen)));
         let server = started.map_err(|e| raise(py, "ConnectError", e.to_string(), tensorwire::Code::Unavailable))?;
         let urls: Vec<String> = server.endpoints().iter().map(|e| e.to_string()).collect();
-        *lock(&self.urls) = urls.clone();
-        *lock(&self.running) = Some(Running { rt, server });
-        Ok(urls)
+        {
+            let mut running = lock(&self.running);
+            // Checked under the lock `stop()` takes: a stop either finds
+            // this server published, or has asked this start to stop it.
+            if !self.stop_requested.swap(false, Ordering::AcqRel) {
+                *lock(&self.urls) = urls.clone();
+                *running = Some(Running { rt, server });
+                return Ok(urls);
+            }
+        }
+        py.detach(move || {
+            rt.block_on(server.abort());
+            rt.shutdown_timeout(Duration::from_secs(1));
+        });
+        Err(PyRuntimeError::new_err("the server was stopped while it was starting"))
     }
 
     /// The URLs it listens on.
@@ -296,7 +313,15 @@ impl NativeServer {
     /// Stops: gracefully (waits for calls in flight) unless `now`.
     #[pyo3(signature = (now=false))]
     fn stop(&self, py: Python<'_>, now: bool) {
-        let Some(Running { rt, server }) = lock(&self.running).take() else { return };
+        let taken = {
+            let mut running = lock(&self.running);
+            let taken = running.take();
+            if taken.is_none() && self.starting.load(Ordering::Acquire) {
+                self.stop_requested.store(true, Ordering::Release);
+            }
+            taken
+        };
+        let Some(Running { rt, server }) = taken else { return };
         py.detach(move || {
             rt.block_on(async move { if now { server.abort().await } else { server.shutdown().await } });
             rt.shutdown_timeout(Duration::from_secs(1));

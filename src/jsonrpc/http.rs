@@ -24,7 +24,9 @@ use tokio::sync::{oneshot, watch};
 
 use super::methods::Caller;
 use super::protocol::{self, Body, RpcError};
-use crate::config::{HTTP_BODY_TIMEOUT, JSON_VALUE_BYTES, JSONRPC_BATCH_CONCURRENCY, JSONRPC_MAX_BATCH};
+use crate::config::{
+    HTTP_BODY_TIMEOUT, HTTP_SMALL_BYTES, JSON_VALUE_BYTES, JSONRPC_BATCH_CONCURRENCY, JSONRPC_MAX_BATCH,
+};
 use crate::error::Status;
 use crate::server::state::ServerInner;
 use crate::util::sync::lock;
@@ -280,15 +282,29 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
     };
     // What parsing it and the tensors in it will take, held against the
     // server's memory budget until the answer is sent: a small body of many
-    // tiny values parses into many times its size.
-    let need = (body.len() as u64)
-        .saturating_mul(2)
-        .saturating_add(protocol::json_values(&body).saturating_mul(JSON_VALUE_BYTES));
-    let _held = match inner.budget.try_reserve(need, "JSON-RPC request") {
-        Ok(h) => h,
-        Err(e) => {
-            let s = Status::resource_exhausted(format!("the server is short of memory for this request: {e}"));
-            return refuse(StatusCode::SERVICE_UNAVAILABLE, RpcError::from_status(&s));
+    // tiny values parses into many times its size. Small bodies pass as
+    // they are; one that needs more than the whole budget is refused
+    // without asking the budget to make room (an LRU store would empty
+    // itself for nothing).
+    let _held = if (body.len() as u64) < HTTP_SMALL_BYTES {
+        None
+    } else {
+        let need = (body.len() as u64)
+            .saturating_mul(3)
+            .saturating_add(protocol::json_values(&body).saturating_mul(JSON_VALUE_BYTES));
+        let short = |why: String| {
+            let s = Status::resource_exhausted(format!("the server is short of memory for this request: {why}"));
+            refuse(StatusCode::SERVICE_UNAVAILABLE, RpcError::from_status(&s))
+        };
+        if need > inner.budget.limit() {
+            return short(format!(
+                "parsing it takes ~{need} bytes, above the server's whole memory budget of {} bytes",
+                inner.budget.limit()
+            ));
+        }
+        match inner.budget.try_reserve(need, "JSON-RPC request") {
+            Ok(h) => Some(h),
+            Err(e) => return short(e.to_string()),
         }
     };
     let response_left = AtomicU64::new(inner.config.max_http_response_bytes);

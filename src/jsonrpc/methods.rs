@@ -13,7 +13,7 @@ use tensorwire_transports::StreamKind;
 
 use super::convert::{Signature, call_params, output_to_json};
 use super::protocol::{Params, Request, RpcError, response};
-use crate::config::JSONRPC_MAX_WAIT_MS;
+use crate::config::{HTTP_SMALL_BYTES, JSONRPC_MAX_WAIT_MS};
 use crate::error::{CallError, Status};
 use crate::observe::info::{FunctionInfo, ServiceInfo};
 use crate::rpc::call::Output;
@@ -111,18 +111,30 @@ fn info_json(i: &ServiceInfo) -> Json {
 impl Caller {
     /// Runs one request; the response, serialized, or None for a
     /// notification. Its bytes are taken from what the response may still
-    /// take; an answer that does not fit is an error instead.
+    /// take: a result's tensors before they are encoded (see
+    /// [`Caller::output_json`]), the rest once serialized. A large answer
+    /// that does not fit is an error instead; a small one (below
+    /// `HTTP_SMALL_BYTES`: a task id, a status) always goes, so what a call
+    /// that ran says is not lost for want of room.
     pub(crate) async fn answer(&self, req: Request) -> Option<Vec<u8>> {
-        let result = self.run(&req.method, &req.params).await;
-        let id = req.id?;
+        let mut charged = 0;
+        let result = self.run(&req.method, &req.params, &mut charged).await;
+        let Some(id) = req.id else {
+            self.response_left.fetch_add(charged, Ordering::AcqRel);
+            return None;
+        };
         let bytes = response(id.clone(), result).to_string().into_bytes();
         let n = bytes.len() as u64;
-        let taken = self.response_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n));
-        match taken {
+        let extra = n.saturating_sub(charged);
+        let take = |left: u64| match left.checked_sub(extra) {
+            None if n < HTTP_SMALL_BYTES => Some(0),
+            r => r,
+        };
+        match self.response_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, take) {
             Ok(_) => Some(bytes),
             Err(left) => {
-                let e = self.too_large(n, left);
-                Some(response(id, Err(e)).to_string().into_bytes())
+                self.response_left.fetch_add(charged, Ordering::AcqRel);
+                Some(response(id, Err(self.too_large(n, left + charged))).to_string().into_bytes())
             }
         }
     }
@@ -136,19 +148,27 @@ impl Caller {
         )))
     }
 
-    /// A call's outputs as JSON, unless their tensors alone (as base64, 4/3
-    /// of their bytes) would not fit in the response: checked before they
-    /// are encoded.
-    fn output_json(&self, out: &Output) -> Result<Json, RpcError> {
-        let base64: u64 = out.tensors.iter().map(|t| (t.nbytes() as u64).div_ceil(3) * 4).sum();
-        let left = self.response_left.load(Ordering::Acquire);
-        if base64 > left {
-            return Err(self.too_large(base64, left));
-        }
+    /// A call's outputs as JSON, once their tensors (as base64, 4/3 of
+    /// their bytes, and a little for each one's fields) are taken from what
+    /// the response may still take, before they are encoded; added to
+    /// `charged`. Refused when they do not fit, unless small (as in
+    /// [`Caller::answer`]).
+    fn output_json(&self, out: &Output, charged: &mut u64) -> Result<Json, RpcError> {
+        let size: u64 = out.tensors.iter().map(|t| (t.nbytes() as u64).div_ceil(3) * 4 + 256).sum();
+        let take = |left: u64| match left.checked_sub(size) {
+            None if size < HTTP_SMALL_BYTES => Some(0),
+            r => r,
+        };
+        self.response_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, take)
+            .map_err(|left| self.too_large(size, left))?;
+        *charged += size;
         output_to_json(out)
     }
 
-    async fn run(&self, method: &str, params: &Params) -> Result<Json, RpcError> {
+    /// Runs one request; bytes taken from the response's room ahead of the
+    /// answer (a result's tensors) are added to `charged`.
+    async fn run(&self, method: &str, params: &Params, charged: &mut u64) -> Result<Json, RpcError> {
         match method {
             "tensorwire.submit" => self.submit(method, params).await,
             "tensorwire.status" | "tensorwire.cancel" => {
@@ -176,10 +196,10 @@ impl Caller {
                     ..self.request(Method::TaskResult)
                 };
                 let (tensors, reply) = self.dispatch(req, vec![]).await?;
-                self.output_json(&Output {
-                    tensors,
-                    values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default(),
-                })
+                self.output_json(
+                    &Output { tensors, values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default() },
+                    charged,
+                )
             }
             "tensorwire.list_functions" => {
                 fixed_params(method, params, &[])?;
@@ -224,7 +244,7 @@ impl Caller {
             m if m.starts_with("rpc.") || m.starts_with("tensorwire.") => Err(RpcError::method_not_found(format!(
                 "Method not found: {m:?} (tensorwire.* methods: submit, status, result, cancel, list_functions, health, info, list)"
             ))),
-            name => self.call(name, params).await,
+            name => self.call(name, params, charged).await,
         }
     }
 
@@ -243,7 +263,7 @@ impl Caller {
         Ok((inputs, req))
     }
 
-    async fn call(&self, function: &str, params: &Params) -> Result<Json, RpcError> {
+    async fn call(&self, function: &str, params: &Params, charged: &mut u64) -> Result<Json, RpcError> {
         // An unknown name is an unknown method.
         let f = self
             .inner
@@ -252,7 +272,8 @@ impl Caller {
             .map_err(|s| RpcError::method_not_found(format!("Method not found: {}", s.message)))?;
         let (inputs, req) = self.prepare(f, params)?;
         let (tensors, reply) = self.dispatch(req, inputs).await?;
-        self.output_json(&Output { tensors, values: reply.values.as_ref().map(Value::from_wire).unwrap_or_default() })
+        let values = reply.values.as_ref().map(Value::from_wire).unwrap_or_default();
+        self.output_json(&Output { tensors, values }, charged)
     }
 
     /// `tensorwire.submit`: `[function, params]` or `{"function", "params"}`,

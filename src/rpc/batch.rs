@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::Status;
 use crate::observe::stats::FunctionStats;
 use crate::rpc::call::{Call, Output};
-use crate::rpc::value::Args;
+use crate::rpc::value::{Args, Value};
 use crate::util::sync::lock;
 
 /// When a batch runs.
@@ -141,14 +141,33 @@ async fn run(name: String, config: BatchConfig, mut rx: mpsc::Receiver<Pending>,
         // Examples of different shapes cannot be stacked, and the function
         // sees one set of arguments per run: one run per shape and arguments.
         while !batch.is_empty() {
-            let key = signature(&batch[0]);
-            let args = batch[0].call.args.clone();
-            let (group, rest): (Vec<Pending>, Vec<Pending>) =
-                batch.into_iter().partition(|p| signature(p) == key && p.call.args == args);
+            let head = batch.remove(0);
+            let key = signature(&head);
+            let (mut group, rest): (Vec<Pending>, Vec<Pending>) =
+                batch.into_iter().partition(|p| signature(p) == key && same_args(&p.call.args, &head.call.args));
+            // The head leads its own group whatever its arguments hold (a
+            // NaN equals nothing, itself included).
+            group.insert(0, head);
             batch = rest;
             run_group(&name, group, &f, &stats, inline).await;
         }
     }
+}
+
+/// Whether two callers passed the same arguments, bit for bit: floats by
+/// their bits (a NaN matches the same NaN; 0.0 and -0.0 differ).
+fn same_args(a: &Args, b: &Args) -> bool {
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits(),
+            (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y)),
+            (Value::Map(x), Value::Map(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|((kx, vx), (ky, vy))| kx == ky && same(vx, vy))
+            }
+            (x, y) => x == y,
+        }
+    }
+    a.0.len() == b.0.len() && a.0.iter().zip(&b.0).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
 }
 
 /// dtype and per-example shape of each input.

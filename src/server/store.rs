@@ -181,7 +181,10 @@ impl StoreService {
 
     /// A stored tensor.
     pub fn get(&self, name: &str) -> Option<Tensor> {
-        let t = read(&self.tensors).get(name).cloned();
+        // Touched under the map's lock: a remove in between would leave a
+        // tick for a name no longer stored.
+        let map = read(&self.tensors);
+        let t = map.get(name).cloned();
         if t.is_some() {
             self.touch(name);
         }
@@ -198,14 +201,25 @@ impl StoreService {
         self.evicted.load(Ordering::Acquire)
     }
 
-    /// Drops least recently used tensors until `wanted` bytes are freed or
-    /// none is left; returns the bytes freed. A member of a state dict
-    /// takes its whole state dict with it, so none is left partial. Never
-    /// drops a name in `keep` (what the caller is storing or replacing), nor
-    /// a state dict one of them belongs to: evicting it would take the kept
-    /// name too, under the caller's accounting. Call with the map locked.
+    /// Drops least recently used tensors until `wanted` bytes are freed;
+    /// returns the bytes freed. A member of a state dict takes its whole
+    /// state dict with it, so none is left partial. Never drops a name in
+    /// `keep` (what the caller is storing or replacing), nor a state dict
+    /// one of them belongs to: evicting it would take the kept name too,
+    /// under the caller's accounting. Drops nothing when all it may drop
+    /// would not free `wanted` (the caller is refused either way, and keeps
+    /// what is stored). Call with the map locked.
     fn evict(&self, map: &mut BTreeMap<String, Tensor>, wanted: u64, keep: &[&str]) -> u64 {
         let kept_groups: HashSet<String> = keep.iter().filter_map(|k| self.catalog.describe(k).0).collect();
+        let evictable: u64 = map
+            .iter()
+            .filter(|(k, _)| !keep.contains(&k.as_str()))
+            .filter(|(k, _)| self.catalog.describe(k).0.is_none_or(|g| !kept_groups.contains(&g)))
+            .map(|(_, t)| t.nbytes() as u64)
+            .sum();
+        if evictable < wanted {
+            return 0;
+        }
         let mut freed = 0;
         while freed < wanted {
             let victim = {
@@ -679,6 +693,12 @@ mod tests {
         let e = s.put("m.w".into(), t(70)).unwrap_err();
         assert_eq!(e.code, crate::Code::ResourceExhausted);
         assert_eq!(s.names(), vec!["m.b", "m.w"], "a refused store drops nothing");
+        consistent(&s);
+        // Nor when some victim exists but too small to make room.
+        s.put("z".into(), t(10)).unwrap();
+        assert!(s.put("m.w".into(), t(75)).is_err());
+        assert_eq!(s.names(), vec!["m.b", "m.w", "z"], "a store refused anyway evicts nothing");
+        assert_eq!(s.evicted(), 0);
         consistent(&s);
         // With another victim at hand, that one goes and the count holds.
         let s = StoreService::with_policy(200, EvictPolicy::Lru);

@@ -167,6 +167,7 @@ def test_received_tensors_can_be_changed_in_place(cli_server, scheme):
     receiving side: the server's stored tensor is unchanged."""
     s = cli_server(scheme)
     t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: segment-sized
+    in_segment = 0
     with tensorwire.Client(s.url) as c:
         c.send({"w": t})
         # The first fetches of a size go through the rings while a segment
@@ -174,10 +175,25 @@ def test_received_tensors_can_be_changed_in_place(cli_server, scheme):
         for _ in range(6):
             got = c.fetch("w")
             assert torch.equal(got, t)
+            in_segment += _in_peer_segment(got.data_ptr())
             got.add_(1)
             assert torch.equal(got, t + 1)
             got.numpy()[:4] = -1.0
             assert got[:4].tolist() == [-1.0] * 4
+    assert in_segment > 0, "no fetch arrived in a shared-memory segment"
+
+
+def _in_peer_segment(address: int) -> bool:
+    """Whether `address` lies in a mapping of a tensorwire shared-memory
+    segment (a memfd named "tensorwire"; the rings are "tensorwire-ring")."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == "/memfd:tensorwire":
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
 
 
 RSS_PROBE = textwrap.dedent(
