@@ -111,12 +111,16 @@ pub(crate) const JSONRPC_MAX_WAIT_MS: u64 = 60_000;
 /// from them) plus this per value in it.
 #[cfg(feature = "http")]
 pub(crate) const JSON_VALUE_BYTES: u64 = 160;
-/// Request bodies and answers this small (64 KiB) are never refused for
-/// memory or response size: a health check or a task id always gets
-/// through, and an answer of a call that already ran is never lost for
-/// want of room (it is still counted).
+/// A JSON-RPC request whose parse is estimated below this (64 KiB) is not
+/// reserved against the memory budget (a health check always gets
+/// through); and a response may pass `max_http_response_bytes` by this
+/// much, so a small answer fits whatever the limit.
 #[cfg(feature = "http")]
 pub(crate) const HTTP_SMALL_BYTES: u64 = 64 << 10;
+/// A JSON-RPC request is not run once its response has less room than this
+/// (4 KiB) left: a call that runs has room to say what it did.
+#[cfg(feature = "http")]
+pub(crate) const MIN_ANSWER_ROOM: u64 = 4 << 10;
 /// Transfers shorter than this say little about a link's throughput.
 pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
 /// Weight of the newest transfer in the link throughput estimate
@@ -322,8 +326,9 @@ pub struct ServerConfig {
     /// Largest JSON-RPC response on `http://` listeners, in bytes (default
     /// [`DEFAULT_MAX_HTTP_RESPONSE_BYTES`]): an answer that would pass it,
     /// alone or with the batch's answers before it, is an error instead
-    /// (a result's tensors are checked before they are encoded). Answers
-    /// under 64 KiB always go (so 0 refuses every larger one).
+    /// (a result's tensors are checked before they are encoded). A
+    /// response may pass it by 64 KiB, so a small answer fits whatever the
+    /// limit (0 allows only small answers).
     pub max_http_response_bytes: u64,
 }
 

@@ -316,19 +316,16 @@ async fn connections_memory_and_responses_are_bounded() {
     let e = post(&addr, "", &req("double", json!([big]), 2)).await.json();
     assert_eq!(e["error"]["code"], -32017, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("max-http-response-bytes"), "{e}");
-    // A batch: answers are charged in turn; large ones past the limit are
-    // errors, small ones (below 64 KiB) always go.
+    // A batch: answers are charged in turn (the limit plus 64 KiB of slack:
+    // 320 KiB); those past it are errors.
     let mid = f32_tensor(&vec![1.0; 16 << 10], &[16 << 10]); // 64 KiB: ~87 KiB as base64
-    let small = f32_tensor(&vec![1.0; 1 << 10], &[1 << 10]);
-    let mut batch: Vec<Json> = (0..4).map(|i| req("double", json!([mid]), 10 + i)).collect();
-    batch.push(req("double", json!([small]), 20));
-    let answers = post(&addr, "", &Json::Array(batch)).await.json();
+    let batch = Json::Array((0..5).map(|i| req("double", json!([mid]), 10 + i)).collect());
+    let answers = post(&addr, "", &batch).await.json();
     let answers = answers.as_array().unwrap();
     assert_eq!(answers.len(), 5);
-    let ok = answers[..4].iter().filter(|a| a.get("result").is_some()).count();
-    assert!((1..4).contains(&ok), "{ok} of 4 fit in 256 KiB");
+    let ok = answers.iter().filter(|a| a.get("result").is_some()).count();
+    assert_eq!(ok, 3, "three of ~88 KiB fit in 320 KiB: {answers:?}");
     assert!(answers.iter().filter(|a| a.get("error").is_some()).all(|a| a["error"]["code"] == -32017));
-    assert_eq!(f32_values(&answers[4]["result"]).len(), 1 << 10, "a small answer goes whatever is left");
 
     // Two idle connections from this address are the cap: a third gets 503.
     let idle: Vec<_> = futures_util::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(&addr))).await;
@@ -339,5 +336,15 @@ async fn connections_memory_and_responses_are_bounded() {
     drop(idle);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(post(&addr, "", &req("add_numbers", json!([1, 2]), 5)).await.json()["result"], 3);
+    server.shutdown().await;
+
+    // A limit of 0: small answers still fit (64 KiB of slack); a larger
+    // result does not.
+    let (server, addr) = start(ServerConfig { max_http_response_bytes: 0, ..ServerConfig::default() }).await;
+    assert_eq!(post(&addr, "", &req("add_numbers", json!([1, 2]), 1)).await.json()["result"], 3);
+    let small = f32_tensor(&vec![1.0; 1 << 10], &[1 << 10]); // ~5.5 KiB as base64
+    assert_eq!(f32_values(&post(&addr, "", &req("double", json!([small]), 2)).await.json()["result"]).len(), 1 << 10);
+    let e = post(&addr, "", &req("double", json!([mid]), 3)).await.json();
+    assert_eq!(e["error"]["code"], -32017, "{e}");
     server.shutdown().await;
 }

@@ -160,9 +160,6 @@ pub struct NativeServer {
     /// GIL meanwhile, and a thread holding the GIL may be waiting for that
     /// lock in `serving` or `stop`).
     starting: AtomicBool,
-    /// `stop()` came while a start was binding: that start stops the
-    /// server it made instead of publishing it.
-    stop_requested: AtomicBool,
     urls: Mutex<Vec<String>>,
 }
 
@@ -191,7 +188,6 @@ impl NativeServer {
             handlers: Mutex::new([None, None, None]),
             running: Mutex::new(None),
             starting: AtomicBool::new(false),
-            stop_requested: AtomicBool::new(false),
             urls: Mutex::new(Vec::new()),
         }
     }
@@ -243,7 +239,6 @@ impl NativeServer {
             if running.is_some() || self.starting.swap(true, Ordering::AcqRel) {
                 return Err(PyRuntimeError::new_err("server already started"));
             }
-            self.stop_requested.store(false, Ordering::Release);
         }
         // Cleared however this start ends.
         struct Started<'a>(&'a AtomicBool);
@@ -274,21 +269,9 @@ impl NativeServer {
         let started = py.detach(|| rt.block_on(server.start(listen)));
         let server = started.map_err(|e| raise(py, "ConnectError", e.to_string(), tensorwire::Code::Unavailable))?;
         let urls: Vec<String> = server.endpoints().iter().map(|e| e.to_string()).collect();
-        {
-            let mut running = lock(&self.running);
-            // Checked under the lock `stop()` takes: a stop either finds
-            // this server published, or has asked this start to stop it.
-            if !self.stop_requested.swap(false, Ordering::AcqRel) {
-                *lock(&self.urls) = urls.clone();
-                *running = Some(Running { rt, server });
-                return Ok(urls);
-            }
-        }
-        py.detach(move || {
-            rt.block_on(server.abort());
-            rt.shutdown_timeout(Duration::from_secs(1));
-        });
-        Err(PyRuntimeError::new_err("the server was stopped while it was starting"))
+        *lock(&self.urls) = urls.clone();
+        *lock(&self.running) = Some(Running { rt, server });
+        Ok(urls)
     }
 
     /// The URLs it listens on.
@@ -313,14 +296,17 @@ impl NativeServer {
     /// Stops: gracefully (waits for calls in flight) unless `now`.
     #[pyo3(signature = (now=false))]
     fn stop(&self, py: Python<'_>, now: bool) {
-        let taken = {
-            let mut running = lock(&self.running);
-            let taken = running.take();
-            if taken.is_none() && self.starting.load(Ordering::Acquire) {
-                self.stop_requested.store(true, Ordering::Release);
-            }
-            taken
-        };
+        // A start in progress (on another thread) finishes first, then is
+        // stopped like any: waited for without the GIL, which it needs to
+        // publish the server.
+        if lock(&self.running).is_none() && self.starting.load(Ordering::Acquire) {
+            py.detach(|| {
+                while self.starting.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+        }
+        let taken = lock(&self.running).take();
         let Some(Running { rt, server }) = taken else { return };
         py.detach(move || {
             rt.block_on(async move { if now { server.abort().await } else { server.shutdown().await } });

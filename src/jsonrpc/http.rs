@@ -282,16 +282,16 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
     };
     // What parsing it and the tensors in it will take, held against the
     // server's memory budget until the answer is sent: a small body of many
-    // tiny values parses into many times its size. Small bodies pass as
-    // they are; one that needs more than the whole budget is refused
-    // without asking the budget to make room (an LRU store would empty
-    // itself for nothing).
-    let _held = if (body.len() as u64) < HTTP_SMALL_BYTES {
+    // tiny values parses into many times its size. Small ones pass as they
+    // are (by the estimate, not the body's length); one that needs more
+    // than the whole budget is refused without asking the budget to make
+    // room (an LRU store would empty itself for nothing).
+    let need = (body.len() as u64)
+        .saturating_mul(3)
+        .saturating_add(protocol::json_values(&body).saturating_mul(JSON_VALUE_BYTES));
+    let _held = if need < HTTP_SMALL_BYTES {
         None
     } else {
-        let need = (body.len() as u64)
-            .saturating_mul(3)
-            .saturating_add(protocol::json_values(&body).saturating_mul(JSON_VALUE_BYTES));
         let short = |why: String| {
             let s = Status::resource_exhausted(format!("the server is short of memory for this request: {why}"));
             refuse(StatusCode::SERVICE_UNAVAILABLE, RpcError::from_status(&s))
@@ -307,7 +307,7 @@ async fn handle(inner: Arc<ServerInner>, peer: String, req: Request<hyper::body:
             Err(e) => return short(e.to_string()),
         }
     };
-    let response_left = AtomicU64::new(inner.config.max_http_response_bytes);
+    let response_left = AtomicU64::new(inner.config.max_http_response_bytes.saturating_add(HTTP_SMALL_BYTES));
     let caller = Caller { inner, peer, timeout_ms, response_left };
     match protocol::parse(&body, JSONRPC_MAX_BATCH) {
         Body::Invalid(e) => reply(StatusCode::OK, protocol::response(Json::Null, Err(e))),

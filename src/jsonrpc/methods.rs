@@ -13,7 +13,7 @@ use tensorwire_transports::StreamKind;
 
 use super::convert::{Signature, call_params, output_to_json};
 use super::protocol::{Params, Request, RpcError, response};
-use crate::config::{HTTP_SMALL_BYTES, JSONRPC_MAX_WAIT_MS};
+use crate::config::{JSONRPC_MAX_WAIT_MS, MIN_ANSWER_ROOM};
 use crate::error::{CallError, Status};
 use crate::observe::info::{FunctionInfo, ServiceInfo};
 use crate::rpc::call::Output;
@@ -110,60 +110,77 @@ fn info_json(i: &ServiceInfo) -> Json {
 
 impl Caller {
     /// Runs one request; the response, serialized, or None for a
-    /// notification. Its bytes are taken from what the response may still
-    /// take: a result's tensors before they are encoded (see
-    /// [`Caller::output_json`]), the rest once serialized. A large answer
-    /// that does not fit is an error instead; a small one (below
-    /// `HTTP_SMALL_BYTES`: a task id, a status) always goes, so what a call
-    /// that ran says is not lost for want of room.
+    /// notification. The response's room (`max_http_response_bytes` plus
+    /// `HTTP_SMALL_BYTES` of slack, so that a small answer fits whatever the
+    /// limit) is taken from as answers are made: a result's tensors before
+    /// they are encoded ([`Caller::output_json`]), the rest once serialized.
+    /// Each request holds `MIN_ANSWER_ROOM` of it before it runs, and is
+    /// not run when that is not there: a call that ran (a task submitted)
+    /// has room to say so.
     pub(crate) async fn answer(&self, req: Request) -> Option<Vec<u8>> {
-        let mut charged = 0;
+        if let Err(left) = self.take(MIN_ANSWER_ROOM) {
+            let id = req.id?;
+            return Some(response(id, Err(self.too_large(MIN_ANSWER_ROOM, left))).to_string().into_bytes());
+        }
+        // The room this answer holds.
+        let mut charged = MIN_ANSWER_ROOM;
         let result = self.run(&req.method, &req.params, &mut charged).await;
         let Some(id) = req.id else {
-            self.response_left.fetch_add(charged, Ordering::AcqRel);
+            self.give_back(charged);
             return None;
         };
         let bytes = response(id.clone(), result).to_string().into_bytes();
         let n = bytes.len() as u64;
-        let extra = n.saturating_sub(charged);
-        let take = |left: u64| match left.checked_sub(extra) {
-            None if n < HTTP_SMALL_BYTES => Some(0),
-            r => r,
-        };
-        match self.response_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, take) {
-            Ok(_) => Some(bytes),
+        if n <= charged {
+            self.give_back(charged - n);
+            return Some(bytes);
+        }
+        match self.take(n - charged) {
+            Ok(()) => Some(bytes),
             Err(left) => {
-                self.response_left.fetch_add(charged, Ordering::AcqRel);
+                self.give_back(charged);
                 Some(response(id, Err(self.too_large(n, left + charged))).to_string().into_bytes())
             }
         }
     }
 
+    /// Takes `n` bytes of the response's room; what is left when they do not fit.
+    fn take(&self, n: u64) -> Result<(), u64> {
+        self.response_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n)).map(drop)
+    }
+
+    fn give_back(&self, n: u64) {
+        self.response_left.fetch_add(n, Ordering::AcqRel);
+    }
+
     /// The error for an answer of `n` bytes when `left` may still be sent.
     fn too_large(&self, n: u64, left: u64) -> RpcError {
         RpcError::from_status(&Status::limit_exceeded(format!(
-            "the answer ({n} bytes as JSON) is above what this response may still take ({left} of its limit of {} \
-             bytes, serve --max-http-response-bytes); fetch large results with the native protocol",
+            "the answer (~{n} bytes as JSON) is above what this response may still take ({left} bytes; its limit \
+             is {} bytes, serve --max-http-response-bytes); fetch large results with the native protocol",
             self.inner.config.max_http_response_bytes
         )))
     }
 
-    /// A call's outputs as JSON, once their tensors (as base64, 4/3 of
-    /// their bytes, and a little for each one's fields) are taken from what
-    /// the response may still take, before they are encoded; added to
-    /// `charged`. Refused when they do not fit, unless small (as in
-    /// [`Caller::answer`]).
+    /// A call's outputs as JSON, once the answer holds room for their
+    /// tensors (as base64, 4/3 of their bytes, and their fields), taken
+    /// before they are encoded beyond the `charged` bytes it already holds
+    /// (the answer gives back what it did not use). Refused when they do
+    /// not fit.
     fn output_json(&self, out: &Output, charged: &mut u64) -> Result<Json, RpcError> {
-        let size: u64 = out.tensors.iter().map(|t| (t.nbytes() as u64).div_ceil(3) * 4 + 256).sum();
-        let take = |left: u64| match left.checked_sub(size) {
-            None if size < HTTP_SMALL_BYTES => Some(0),
-            r => r,
-        };
-        self.response_left
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, take)
-            .map_err(|left| self.too_large(size, left))?;
-        *charged += size;
-        output_to_json(out)
+        let size: u64 = out
+            .tensors
+            .iter()
+            .map(|t| {
+                let fields = 64 + t.name().map_or(0, str::len) + 21 * t.shape().len();
+                (t.nbytes() as u64).div_ceil(3) * 4 + fields as u64
+            })
+            .sum();
+        let more = size.saturating_sub(*charged);
+        if let Err(left) = self.take(more) {
+            return Err(self.too_large(size, left + *charged));
+        }
+        output_to_json(out).inspect(|_| *charged += more).inspect_err(|_| self.give_back(more))
     }
 
     /// Runs one request; bytes taken from the response's room ahead of the

@@ -19,17 +19,18 @@
 //!
 //! **Bounds.** `max_connections` and `max_connections_per_peer` (by
 //! address) apply to HTTP connections, counted apart from native ones; one
-//! past them is answered 503 and closed. A body of 64 KiB or more is
-//! reserved against the server's memory budget before it is parsed (its
-//! bytes three times, plus `JSON_VALUE_BYTES` per value: tiny values parse
-//! into many times their text), 503 when the budget is short (at once,
-//! without making room, when it needs more than the whole budget). A
-//! response may take `ServerConfig::max_http_response_bytes`, a batch's
-//! answers together, each charged as it is made (a result's tensors, as
-//! base64, before they are encoded); a large answer that does not fit is a
-//! LIMIT_EXCEEDED error instead, while one under 64 KiB (a task id, a
-//! status) always goes. `tensorwire.result` waits at most
-//! `JSONRPC_MAX_WAIT_MS`.
+//! past them is answered 503 and closed. A body is reserved against the
+//! server's memory budget before it is parsed (its bytes three times, plus
+//! `JSON_VALUE_BYTES` per value: tiny values parse into many times their
+//! text; estimates under 64 KiB are not), 503 when the budget is short (at
+//! once, without making room, when it needs more than the whole budget). A
+//! response may take `ServerConfig::max_http_response_bytes` plus 64 KiB
+//! (so a small answer fits whatever the limit), a batch's answers
+//! together, each charged as it is made (a result's tensors, as base64,
+//! before they are encoded); an answer that does not fit is a
+//! LIMIT_EXCEEDED error instead, and once less than 4 KiB is left the
+//! batch's further requests are not run (so a call that ran has room to
+//! say so). `tensorwire.result` waits at most `JSONRPC_MAX_WAIT_MS`.
 //!
 //! **Methods.**
 //!
