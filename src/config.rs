@@ -121,6 +121,10 @@ pub(crate) const HTTP_SMALL_BYTES: u64 = 64 << 10;
 /// (4 KiB) left: a call that runs has room to say what it did.
 #[cfg(feature = "http")]
 pub(crate) const MIN_ANSWER_ROOM: u64 = 4 << 10;
+// Requests of a batch in flight at once hold at most the slack between
+// them, so a batch whose answers fit the limit never starves.
+#[cfg(feature = "http")]
+const _: () = assert!(JSONRPC_BATCH_CONCURRENCY as u64 * MIN_ANSWER_ROOM <= HTTP_SMALL_BYTES);
 /// Transfers shorter than this say little about a link's throughput.
 pub(crate) const LINK_ESTIMATE_MIN_BYTES: u64 = 16 << 20;
 /// Weight of the newest transfer in the link throughput estimate

@@ -346,5 +346,14 @@ async fn connections_memory_and_responses_are_bounded() {
     assert_eq!(f32_values(&post(&addr, "", &req("double", json!([small]), 2)).await.json()["result"]).len(), 1 << 10);
     let e = post(&addr, "", &req("double", json!([mid]), 3)).await.json();
     assert_eq!(e["error"]["code"], -32017, "{e}");
+    // Notifications give back all the room they held: after thirty of them
+    // (each ~5.6 KiB of result, ten times the slack in all), a request in
+    // the same batch still gets its answer.
+    let mut batch: Vec<Json> =
+        (0..30).map(|_| json!({ "jsonrpc": "2.0", "method": "double", "params": [small.clone()] })).collect();
+    batch.push(req("add_numbers", json!([2, 3]), 4));
+    let answers = post(&addr, "", &Json::Array(batch)).await.json();
+    assert_eq!(answers.as_array().map(Vec::len), Some(1), "{answers}");
+    assert_eq!(answers[0]["result"], 5, "{answers}");
     server.shutdown().await;
 }

@@ -29,8 +29,9 @@ pub(crate) struct Caller {
     pub(crate) peer: String,
     /// From the `X-Timeout-Ms` header: each call's deadline (0: none).
     pub(crate) timeout_ms: u64,
-    /// Bytes the response may still take (`max_http_response_bytes`, less
-    /// the answers made so far).
+    /// Room the response has left: `max_http_response_bytes` plus 64 KiB
+    /// of slack, less the answers made so far and the room answers in the
+    /// making hold (see [`Caller::answer`]).
     pub(crate) response_left: AtomicU64,
 }
 
@@ -120,7 +121,12 @@ impl Caller {
     pub(crate) async fn answer(&self, req: Request) -> Option<Vec<u8>> {
         if let Err(left) = self.take(MIN_ANSWER_ROOM) {
             let id = req.id?;
-            return Some(response(id, Err(self.too_large(MIN_ANSWER_ROOM, left))).to_string().into_bytes());
+            let e = RpcError::from_status(&Status::limit_exceeded(format!(
+                "not run: this response has {left} bytes of room left, under the {MIN_ANSWER_ROOM} a request needs \
+                 (serve --max-http-response-bytes is {}); send it again in another request",
+                self.inner.config.max_http_response_bytes
+            )));
+            return Some(response(id, Err(e)).to_string().into_bytes());
         }
         // The room this answer holds.
         let mut charged = MIN_ANSWER_ROOM;

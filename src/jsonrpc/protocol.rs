@@ -19,6 +19,9 @@ pub(crate) const INVALID_PARAMS: i64 = -32602;
 pub(crate) const INTERNAL_ERROR: i64 = -32603;
 /// Server errors are `SERVER_ERROR_BASE - <wire ErrorCode>` (-32001 ... -32099).
 pub(crate) const SERVER_ERROR_BASE: i64 = -32000;
+/// Longest string id a request may carry (every answer echoes it, and an
+/// error answer is sent whether or not the response has room left).
+pub(crate) const MAX_ID_BYTES: usize = 1024;
 
 /// A JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,6 +160,13 @@ fn entry(v: Json) -> Entry {
     };
     let id = match o.remove("id") {
         None => None,
+        Some(Json::String(s)) if s.len() > MAX_ID_BYTES => {
+            let e = RpcError::invalid_request(format!(
+                "Invalid Request: an id of {} bytes (at most {MAX_ID_BYTES})",
+                s.len()
+            ));
+            return Err(Box::new((Json::Null, e)));
+        }
         Some(id @ (Json::String(_) | Json::Number(_) | Json::Null)) => Some(id),
         Some(_) => {
             let e = RpcError::invalid_request("Invalid Request: id must be a string, a number or null");
@@ -193,6 +203,22 @@ pub(crate) fn response(id: Json, result: Result<Json, RpcError>) -> Json {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_ids_are_refused() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        let Body::Single(Err(bad)) =
+            parse(json!({"jsonrpc": "2.0", "method": "m", "id": long}).to_string().as_bytes(), 4)
+        else {
+            panic!("a long id is an invalid request");
+        };
+        assert_eq!((bad.0.clone(), bad.1.code), (Json::Null, INVALID_REQUEST));
+        let fine = "x".repeat(MAX_ID_BYTES);
+        assert!(matches!(
+            parse(json!({"jsonrpc": "2.0", "method": "m", "id": fine}).to_string().as_bytes(), 4),
+            Body::Single(Ok(_))
+        ));
+    }
 
     #[test]
     fn values_are_counted_without_parsing() {
