@@ -216,4 +216,18 @@ impl NativeAsyncClient {
             Python::attach(|py| crate::client::info_dict(py, &i).map(|d| d.unbind()))
         })
     }
+
+    /// Awaitable of the server's functions (a list of dicts).
+    fn functions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.client.clone();
+        future_into_py(py, async move {
+            let fs = c.list_functions().await.map_err(call_error_nogil)?;
+            Python::attach(|py| crate::client::functions_list(py, &fs).map(|l| l.unbind()))
+        })
+    }
+
+    /// This client's counters and latencies (a dict; no network).
+    fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::client::statistics_dict(py, &self.client.statistics())
+    }
 }

@@ -84,6 +84,35 @@ pub fn task_state(s: &TaskState) -> String {
 }
 
 /// Service info as a dict.
+/// The server's functions as a list of dicts (the blocking and async clients').
+pub fn functions_list<'py>(py: Python<'py>, fs: &[tensorwire::FunctionInfo]) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for f in fs {
+        let d = PyDict::new(py);
+        d.set_item("name", &f.name)?;
+        d.set_item("doc", &f.doc)?;
+        d.set_item("max_batch", f.batch.map(|b| b.0))?;
+        d.set_item("is_async", f.is_async)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
+/// A client's counters and latencies as a dict.
+pub fn statistics_dict<'py>(py: Python<'py>, s: &tensorwire::Statistics) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("requests", s.requests)?;
+    d.set_item("successes", s.successes)?;
+    d.set_item("failures", s.failures)?;
+    d.set_item("retries", s.retries)?;
+    d.set_item("reconnects", s.reconnects)?;
+    d.set_item("bytes_sent", s.bytes_sent)?;
+    d.set_item("bytes_received", s.bytes_received)?;
+    d.set_item("latency_p50_ms", s.latency_p50_ms)?;
+    d.set_item("latency_p99_ms", s.latency_p99_ms)?;
+    Ok(d)
+}
+
 pub fn info_dict<'py>(py: Python<'py>, i: &ServiceInfo) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("service_name", &i.service_name)?;
@@ -314,32 +343,12 @@ impl NativeClient {
     fn functions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let c = self.live(py)?;
         let fs = block(py, &c, async move |c| c.list_functions().await)?;
-        let out = PyList::empty(py);
-        for f in fs {
-            let d = PyDict::new(py);
-            d.set_item("name", &f.name)?;
-            d.set_item("doc", &f.doc)?;
-            d.set_item("max_batch", f.batch.map(|b| b.0))?;
-            d.set_item("is_async", f.is_async)?;
-            out.append(d)?;
-        }
-        Ok(out)
+        functions_list(py, &fs)
     }
 
     /// This client's counters and latencies.
     fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.live(py)?.statistics();
-        let d = PyDict::new(py);
-        d.set_item("requests", s.requests)?;
-        d.set_item("successes", s.successes)?;
-        d.set_item("failures", s.failures)?;
-        d.set_item("retries", s.retries)?;
-        d.set_item("reconnects", s.reconnects)?;
-        d.set_item("bytes_sent", s.bytes_sent)?;
-        d.set_item("bytes_received", s.bytes_received)?;
-        d.set_item("latency_p50_ms", s.latency_p50_ms)?;
-        d.set_item("latency_p99_ms", s.latency_p99_ms)?;
-        Ok(d)
+        statistics_dict(py, &self.live(py)?.statistics())
     }
 
     /// Helper for tests: the keyword arguments as the server will see them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import threading
 import time
@@ -291,26 +292,43 @@ class AsyncClient:
             y = await c.call("forward", x)
     """
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: Optional[float] = None,
+        retries: Optional[int] = None,
+        retry_backoff: Optional[float] = None,
+        auth_token: Optional[str] = None,
+        chunk_size: Optional[int] = None,
+        compression: Optional[str] = None,
+        codec: Optional[str] = None,
+        coalesce: bool = True,
+    ) -> None:
         self.url = url
-        self._options = options
+        self._options = (timeout, retries, retry_backoff, auth_token, chunk_size, compression, codec, coalesce)
         self._native: Optional[NativeAsyncClient] = None
+        self._closed = False
+        # Concurrent first calls share one connection.
+        self._connecting = asyncio.Lock()
 
     @classmethod
     async def connect(cls, url: str, **options: Any) -> "AsyncClient":
-        """Connects and returns the client."""
+        """Connects and returns the client (options as for the constructor)."""
         c = cls(url, **options)
         await c._connect()
         return c
 
     async def _connect(self) -> NativeAsyncClient:
+        if self._closed:
+            raise Error(f"client for {self.url} is closed", "FAILED_PRECONDITION")
         if self._native is None:
-            _drain_async_at_exit()
-            o = self._options
-            self._native = await NativeAsyncClient.connect(
-                self.url, o.get("timeout"), o.get("retries"), o.get("retry_backoff"), o.get("auth_token"),
-                o.get("chunk_size"), o.get("compression"), o.get("codec"), o.get("coalesce", True),
-            )
+            async with self._connecting:
+                if self._native is None and not self._closed:
+                    _drain_async_at_exit()
+                    self._native = await NativeAsyncClient.connect(self.url, *self._options)
+        if self._native is None:
+            raise Error(f"client for {self.url} is closed", "FAILED_PRECONDITION")
         return self._native
 
     async def __aenter__(self) -> "AsyncClient":
@@ -321,7 +339,8 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
-        """Closes the connection."""
+        """Closes the connection; later calls raise. Idempotent."""
+        self._closed = True
         if self._native is not None:
             self._native.close()
             self._native = None
@@ -335,6 +354,14 @@ class AsyncClient:
         """See :meth:`Client.fetch`."""
         n = await self._connect()
         return _one(name, cv.to_torch_all(await n.fetch(_fetch_params(name, None, params))))
+
+    async def fetch_many(self, names: Optional[Iterable[str]] = None, **params: Any) -> Dict[str, "torch.Tensor"]:
+        """See :meth:`Client.fetch_many`."""
+        if names is None and not params:
+            params = {"all": "1"}
+        n = await self._connect()
+        got = cv.to_torch_all(await n.fetch(_fetch_params(None, names, params)))
+        return {cv.name_of(t) or str(i): t for i, t in enumerate(got)}
 
     async def fetch_into(self, name: str, out: "torch.Tensor") -> "torch.Tensor":
         """See :meth:`Client.fetch_into`."""
@@ -378,3 +405,11 @@ class AsyncClient:
     async def info(self) -> Dict[str, Any]:
         """See :meth:`Client.info`."""
         return await (await self._connect()).info()
+
+    async def functions(self) -> List[Dict[str, Any]]:
+        """See :meth:`Client.functions`."""
+        return await (await self._connect()).functions()
+
+    def statistics(self) -> Dict[str, Any]:
+        """See :meth:`Client.statistics` (empty before the first call connects)."""
+        return self._native.statistics() if self._native is not None else {}

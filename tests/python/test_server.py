@@ -496,5 +496,29 @@ def test_async_client_on_the_running_loop(server):
             tid = await c.submit("add_numbers", 4, 5)
             assert await c.result(tid, wait=5.0) == 9
             assert (await c.info())["service_name"] == "tensorwire"
+            # The rest of Client's calls.
+            await c.send({"y": torch.ones(3)})
+            many = await c.fetch_many(["x", "y"])
+            assert sorted(many) == ["x", "y"] and torch.equal(many["y"], torch.ones(3))
+            assert "add_numbers" in [f["name"] for f in await c.functions()]
+            assert c.statistics()["requests"] > 50
+
+    asyncio.run(main())
+
+
+def test_async_client_options_connection_and_close(server):
+    """Options are checked like Client's; concurrent first calls share one
+    connection; a closed client raises instead of reconnecting."""
+    server.start()
+    with pytest.raises(TypeError):
+        tensorwire.AsyncClient(server.url, timout=5)  # type: ignore[call-arg]
+
+    async def main() -> None:
+        c = tensorwire.AsyncClient(server.url, timeout=10.0)
+        assert await asyncio.gather(*(c.call("add_numbers", i, 1) for i in range(8))) == [i + 1 for i in range(8)]
+        assert c.statistics()["requests"] == 8, "one connection served every first call"
+        c.close()
+        with pytest.raises(tensorwire.Error, match="closed"):
+            await c.health()
 
     asyncio.run(main())
