@@ -122,11 +122,15 @@ struct Registration {
 impl Registration {
     fn function(&self) -> Function {
         let (name, dispatch) = (self.name.clone(), self.dispatch.clone());
+        // The handler's answer to `inputs` and `args`.
+        let run = move |py: Python<'_>, inputs: Vec<Tensor>, args: &tensorwire::Args| {
+            let res = dispatch.call1(py, (received_list(py, inputs)?, from_args(py, args)?))?;
+            output(res.bind(py))
+        };
         let f = match &self.batch {
             Some(cfg) => Function::batched(name.clone(), cfg.clone(), move |inputs, args| {
                 with_gil(|py| {
-                    let res = dispatch.call1(py, (received_list(py, inputs)?, from_args(py, args)?))?;
-                    let out = output(res.bind(py))?;
+                    let out = run(py, inputs, args)?;
                     // Per-caller values cannot be split out of a batch: say
                     // so rather than drop them (a dict of tensors would
                     // come back as a tuple).
@@ -139,12 +143,7 @@ impl Registration {
                     Ok(out.tensors)
                 })
             }),
-            None => Function::new(name, move |call| {
-                with_gil(|py| {
-                    let res = dispatch.call1(py, (received_list(py, call.inputs)?, from_args(py, &call.args)?))?;
-                    output(res.bind(py))
-                })
-            }),
+            None => Function::new(name, move |call| with_gil(|py| run(py, call.inputs, &call.args))),
         };
         f.doc(self.doc.clone())
     }

@@ -211,12 +211,13 @@ impl StoreService {
     /// what is stored). Call with the map locked.
     fn evict(&self, map: &mut BTreeMap<String, Tensor>, wanted: u64, keep: &[&str]) -> u64 {
         let kept_groups: HashSet<String> = keep.iter().filter_map(|k| self.catalog.describe(k).0).collect();
-        let evictable: u64 = map
-            .iter()
-            .filter(|(k, _)| !keep.contains(&k.as_str()))
-            .filter(|(k, _)| self.catalog.describe(k).0.is_none_or(|g| !kept_groups.contains(&g)))
-            .map(|(_, t)| t.nbytes() as u64)
-            .sum();
+        // A name that may go, with the state dict it belongs to.
+        let candidate = |k: &str| {
+            let group = self.catalog.describe(k).0;
+            let may = !keep.contains(&k) && group.as_ref().is_none_or(|g| !kept_groups.contains(g));
+            may.then_some(group)
+        };
+        let evictable: u64 = map.iter().filter(|(k, _)| candidate(k).is_some()).map(|(_, t)| t.nbytes() as u64).sum();
         if evictable < wanted {
             return 0;
         }
@@ -225,9 +226,7 @@ impl StoreService {
             let victim = {
                 let lu = lock(&self.last_used);
                 map.keys()
-                    .filter(|k| !keep.contains(&k.as_str()))
-                    .map(|k| (k, self.catalog.describe(k).0))
-                    .filter(|(_, g)| g.as_ref().is_none_or(|g| !kept_groups.contains(g)))
+                    .filter_map(|k| Some((k, candidate(k)?)))
                     .min_by_key(|(k, _)| lu.get(*k).copied().unwrap_or(0))
                     .map(|(k, g)| (k.clone(), g))
             };
@@ -329,9 +328,9 @@ impl StoreService {
         }
         for n in &replaced {
             map.remove(*n);
-            // State dicts keep no delta bases, nor LRU ticks of old members.
-            self.drop_base(n);
-            lock(&self.last_used).remove(*n);
+            // State dicts keep no delta bases, nor LRU ticks of old members
+            // (their catalog entries are set anew just below).
+            self.forget(n);
         }
         for (n, (_, t)) in names.iter().zip(items) {
             map.insert(n.clone(), t.with_name(n.clone()));
@@ -662,16 +661,15 @@ mod tests {
     #[test]
     fn lru_evicts_the_least_recently_used() {
         let s = StoreService::with_policy(100, EvictPolicy::Lru);
-        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
-        s.put("a".into(), t(40)).unwrap();
-        s.put("b".into(), t(40)).unwrap();
+        s.put("a".into(), u8s(40)).unwrap();
+        s.put("b".into(), u8s(40)).unwrap();
         assert!(s.get("a").is_some()); // a is now more recent than b
-        s.put("c".into(), t(40)).unwrap();
+        s.put("c".into(), u8s(40)).unwrap();
         assert_eq!(s.names(), vec!["a", "c"]);
         assert_eq!((s.bytes(), s.evicted()), (80, 1));
         assert_eq!(s.reclaim(50), 80, "reclaim drops whole tensors, oldest first");
         assert_eq!(s.bytes(), 0);
-        assert!(s.put("huge".into(), t(101)).is_err(), "a tensor above the whole store is refused");
+        assert!(s.put("huge".into(), u8s(101)).is_err(), "a tensor above the whole store is refused");
         assert_eq!(StoreService::new(10).reclaim(5), 0, "refuse never evicts");
     }
 
@@ -685,28 +683,27 @@ mod tests {
 
     #[test]
     fn lru_never_evicts_the_name_being_stored_nor_its_state_dict() {
-        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
         // Replacing a member of a state dict: the state dict is the only
         // victim, and evicting it would take the name being stored.
         let s = StoreService::with_policy(100, EvictPolicy::Lru);
-        s.put_state_dict("m", vec![("w".into(), t(40)), ("b".into(), t(40))]).unwrap();
-        let e = s.put("m.w".into(), t(70)).unwrap_err();
+        s.put_state_dict("m", vec![("w".into(), u8s(40)), ("b".into(), u8s(40))]).unwrap();
+        let e = s.put("m.w".into(), u8s(70)).unwrap_err();
         assert_eq!(e.code, crate::Code::ResourceExhausted);
         assert_eq!(s.names(), vec!["m.b", "m.w"], "a refused store drops nothing");
         consistent(&s);
         // Nor when some victim exists but too small to make room.
-        s.put("z".into(), t(10)).unwrap();
-        assert!(s.put("m.w".into(), t(75)).is_err());
+        s.put("z".into(), u8s(10)).unwrap();
+        assert!(s.put("m.w".into(), u8s(75)).is_err());
         assert_eq!(s.names(), vec!["m.b", "m.w", "z"], "a store refused anyway evicts nothing");
         assert_eq!(s.evicted(), 0);
         consistent(&s);
         // With another victim at hand, that one goes and the count holds.
         let s = StoreService::with_policy(200, EvictPolicy::Lru);
-        s.put_state_dict("m", vec![("w".into(), t(40)), ("b".into(), t(40))]).unwrap();
-        s.put("z".into(), t(60)).unwrap();
-        s.put("a".into(), t(10)).unwrap();
+        s.put_state_dict("m", vec![("w".into(), u8s(40)), ("b".into(), u8s(40))]).unwrap();
+        s.put("z".into(), u8s(60)).unwrap();
+        s.put("a".into(), u8s(10)).unwrap();
         assert!(s.get("m.w").is_some() && s.get("a").is_some());
-        s.put("m.w".into(), t(120)).unwrap();
+        s.put("m.w".into(), u8s(120)).unwrap();
         assert_eq!(s.names(), vec!["a", "m.b", "m.w"]);
         assert_eq!(s.bytes(), 170);
         consistent(&s);
@@ -719,38 +716,36 @@ mod tests {
 
     #[test]
     fn state_dicts_take_part_in_lru() {
-        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
         let s = StoreService::with_policy(100, EvictPolicy::Lru);
-        s.put("old".into(), t(30)).unwrap();
-        s.put_state_dict("m", vec![("w".into(), t(30))]).unwrap();
-        s.put("new".into(), t(30)).unwrap();
+        s.put("old".into(), u8s(30)).unwrap();
+        s.put_state_dict("m", vec![("w".into(), u8s(30))]).unwrap();
+        s.put("new".into(), u8s(30)).unwrap();
         // Fetched: the state dict is now the most recently used.
         assert!(s.get_state_dict("m").is_some());
-        s.put("more".into(), t(30)).unwrap();
+        s.put("more".into(), u8s(30)).unwrap();
         assert_eq!(s.names(), vec!["m.w", "more", "new"], "the oldest plain tensor went, not the state dict");
         // A state dict stored into a full store makes room the same way.
-        s.put_state_dict("n", vec![("a".into(), t(20)), ("b".into(), t(20))]).unwrap();
+        s.put_state_dict("n", vec![("a".into(), u8s(20)), ("b".into(), u8s(20))]).unwrap();
         assert_eq!(s.names(), vec!["m.w", "more", "n.a", "n.b"]);
         // Replacing it frees its old members first; nothing else goes.
-        s.put_state_dict("n", vec![("a".into(), t(40))]).unwrap();
+        s.put_state_dict("n", vec![("a".into(), u8s(40))]).unwrap();
         assert_eq!(s.names(), vec!["m.w", "more", "n.a"]);
         consistent(&s);
-        assert!(s.put_state_dict("big", vec![("x".into(), t(101))]).is_err(), "above the whole store");
+        assert!(s.put_state_dict("big", vec![("x".into(), u8s(101))]).is_err(), "above the whole store");
         // Under refuse, nothing is evicted for a state dict either.
         let r = StoreService::new(50);
-        r.put("a".into(), t(30)).unwrap();
-        assert!(r.put_state_dict("m", vec![("w".into(), t(30))]).is_err());
+        r.put("a".into(), u8s(30)).unwrap();
+        assert!(r.put_state_dict("m", vec![("w".into(), u8s(30))]).is_err());
         assert_eq!(r.names(), vec!["a"]);
     }
 
     #[test]
     fn state_dict_updates_count_delta_bases() {
-        let t = |n: usize| Tensor::zeros(DType::UInt8, [n]).unwrap();
         let s = StoreService::new(100);
-        s.put("a".into(), t(50)).unwrap();
-        s.put("a".into(), t(50)).unwrap();
+        s.put("a".into(), u8s(50)).unwrap();
+        s.put("a".into(), u8s(50)).unwrap();
         assert_eq!(s.base_bytes(), 50, "the replaced version is kept as a base");
-        s.put_state_dict("m", vec![("w".into(), t(50))]).unwrap();
+        s.put_state_dict("m", vec![("w".into(), u8s(50))]).unwrap();
         assert_eq!(s.base_bytes(), 0, "bases make room for what is stored");
         assert!(s.bytes() + s.base_bytes() <= 100);
         consistent(&s);
