@@ -344,4 +344,65 @@ mod tests {
         assert!(waited.is_ok(), "dropped frames seen: {:?}", seen.lock().unwrap());
         assert_eq!(*seen.lock().unwrap(), [1, 2, 3, 4]);
     }
+
+    /// When the connection fails, every receiver learns it and keeps
+    /// saying so: one that waits on a stream it has not sent on yet (no id,
+    /// so not in the connection's table) and one that already read the
+    /// error once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_connection_ends_every_receive() {
+        let (client, server) = pair(None).await;
+        let (mut tx, mut rx) = client.open_halves().unwrap();
+        tx.try_send_frames(vec![chunk(0)], false).unwrap().unwrap();
+        let (_stx, _srx) = server.accept_halves().await.unwrap();
+        let (_tx2, mut unnumbered) = client.open_halves().unwrap();
+        let waiting = tokio::spawn(async move { unnumbered.recv().await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        drop(server);
+        let within = std::time::Duration::from_secs(10);
+        let first = tokio::time::timeout(within, rx.recv()).await.expect("the open stream hears of the failure");
+        assert!(first.is_err(), "{first:?}");
+        let second = tokio::time::timeout(within, rx.recv()).await.expect("and says so again");
+        assert!(second.is_err(), "{second:?}");
+        assert!(rx.try_recv().is_some_and(|r| r.is_err()));
+        let unnumbered = tokio::time::timeout(within, waiting).await.expect("the stream with no id hears too").unwrap();
+        assert!(unnumbered.is_err(), "{unnumbered:?}");
+    }
+
+    /// A peer that floods PINGs and never reads the PONGs cannot grow the
+    /// writer's queue without bound: the connection fails once a bounded
+    /// number of answers wait behind the full socket.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ping_flood_that_reads_nothing_ends_the_connection() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (mut raw, (s, _)) = (c.unwrap(), s.unwrap());
+        let mut pre = BytesMut::new();
+        Preface { version: frame::MUX_VERSION, stream_window: 1 << 20, max_frame_payload: 1 << 20 }.encode(&mut pre);
+        raw.write_all(&pre).await.unwrap();
+        let info = SocketInfo { peer: "flooder".into(), transport: "tcp", local: true };
+        let (srd, swr) = s.into_split();
+        let server = establish(srd, swr, Role::Server, info, &TransportConfig::default()).await.unwrap();
+        let mut pings = BytesMut::new();
+        for v in 0..4096u32 {
+            Head { stream: 0, kind: frame::Kind::Ping, flags: 0, meta_len: 0, value: v }.encode(&mut pings);
+        }
+        // Up to 1 GiB of pings (64 Mi of them), never reading a byte: the
+        // server must give up long before.
+        let flood = async {
+            for _ in 0..(1usize << 30) / pings.len() {
+                if raw.write_all(&pings).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::select! {
+                _ = server.closed() => {}
+                _ = flood => server.closed().await,
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the server kept answering a peer that reads nothing");
+    }
 }

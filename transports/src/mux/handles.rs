@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::frame::code;
-use super::shared::{Event, Shared, StreamShared};
+use super::shared::{Event, Events, Shared, StreamShared};
 use super::state::SendPoll;
 use super::writer::Out;
 use crate::sync::lock;
@@ -298,9 +298,34 @@ impl MuxRecv {
     /// The next event the reader queued for this stream (cancel-safe:
     /// nothing is taken until it is returned).
     async fn next_event(&self) -> Option<Event> {
+        if self.stream.id() == 0 {
+            return self.next_event_unnumbered().await;
+        }
         std::future::poll_fn(|cx| match lock(&self.stream.inner).events.as_mut() {
             Some(ev) => ev.poll_next(cx).map(Some),
             None => std::task::Poll::Ready(None),
+        })
+        .await
+    }
+
+    /// [`Self::next_event`] on a stream that has no id yet (nothing sent):
+    /// it is not in the connection's table, so a failure of the
+    /// connection does not queue its error here; this wait also ends when
+    /// the connection closes (None: the caller reports its error).
+    async fn next_event_unnumbered(&self) -> Option<Event> {
+        let closed = self.shared.closed_notify.notified();
+        let mut closed = pin!(closed);
+        closed.as_mut().enable();
+        std::future::poll_fn(|cx| {
+            if let Some(ev) = lock(&self.stream.inner).events.as_mut() {
+                if let std::task::Poll::Ready(e) = ev.poll_next(cx) {
+                    return std::task::Poll::Ready(Some(e));
+                }
+            }
+            if self.shared.closed.load(Ordering::Acquire) || closed.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
+            }
+            std::task::Poll::Pending
         })
         .await
     }
@@ -322,8 +347,16 @@ impl MuxRecv {
         if self.done {
             return Some(Ok(None));
         }
-        let reset = lock(&self.stream.inner).reset;
-        let code = reset?;
+        let (reset, drained) = {
+            let inner = lock(&self.stream.inner);
+            (inner.reset, inner.events.as_ref().is_none_or(Events::is_empty))
+        };
+        let Some(code) = reset else {
+            // The connection failed and nothing it delivered is left: its
+            // error, on every call (also for a stream its failure's notice
+            // did not reach, and after that notice was read once).
+            return (drained && self.shared.closed.load(Ordering::Acquire)).then(|| Err(self.shared.error()));
+        };
         // The sender abandoned the stream: frames still queued are dropped
         // (their credit returned), so a receiver stops at once instead of
         // working through what a cancelled call had sent.

@@ -13,6 +13,7 @@
 //!
 //! [`Placement`]: crate::Placement
 
+use std::cell::Cell;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -94,10 +95,26 @@ struct Reader<'a, R> {
     buf: BytesMut,
     dec: Decoder,
     accept: &'a Accepted,
+    /// Answers to the peer's frames (pongs, refusals) queued since the
+    /// writer last caught up.
+    owed: Cell<usize>,
 }
 
+/// Most answers the peer's own frames ask for (a PONG per PING, a RESET
+/// per stream over the limit) queued behind a writer that cannot write:
+/// a peer that keeps asking while it reads nothing would otherwise grow
+/// the writer's queue without bound (HTTP/2's ping and reset floods).
+const MAX_OWED_REPLIES: usize = 1024;
+
 async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: &Accepted) -> Result<(), StreamError> {
-    let mut r = Reader { shared, rd, buf: BytesMut::with_capacity(READ_BUF), dec: Decoder::new(shared.limits), accept };
+    let mut r = Reader {
+        shared,
+        rd,
+        buf: BytesMut::with_capacity(READ_BUF),
+        dec: Decoder::new(shared.limits),
+        accept,
+        owed: Cell::new(0),
+    };
     while let Some(FrameStart { head, meta }) = r.next_head().await? {
         match head.kind {
             Kind::Data => r.on_data(head, meta).await?,
@@ -135,9 +152,7 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
                 let reason = goaway_reason(head.value, &meta);
                 return Err(StreamError::ConnectionClosed { peer: shared.peer.clone(), reason });
             }
-            Kind::Ping => {
-                let _ = shared.writer.write_or_push([Out::Pong(head.value)]);
-            }
+            Kind::Ping => r.answer(Out::Pong(head.value))?,
             Kind::Pong => {}
         }
     }
@@ -227,16 +242,37 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
 
     /// Finds or opens the stream a DATA frame belongs to. None: discard the
     /// frame (the next head skips its payload).
+    /// Queues `o`, an answer the peer's frame asks for; fails the
+    /// connection past [`MAX_OWED_REPLIES`] answers the writer has not
+    /// caught up with (the peer is not reading).
+    fn answer(&self, o: Out) -> Result<(), StreamError> {
+        let w = &self.shared.writer;
+        let owed = if w.backlog() == 0 { 1 } else { self.owed.get() + 1 };
+        if owed > MAX_OWED_REPLIES {
+            return Err(self.shared.protocol(format!(
+                "the peer sent {MAX_OWED_REPLIES} frames that ask for an answer (pings, streams over the limit) without reading the answers"
+            )));
+        }
+        self.owed.set(owed);
+        let _ = w.write_or_push([o]);
+        Ok(())
+    }
+
     fn stream_for_data(&self, id: u32) -> Result<Option<Arc<StreamShared>>, StreamError> {
         let shared = self.shared;
         let mut st = lock(&shared.state);
+        if st.error.is_some() {
+            // The connection failed (its writer, say) while this frame was
+            // read: a stream opened now would never hear of it.
+            return Ok(None);
+        }
         let route = st.streams.route_data(id, || shared.new_stream(id));
         match route.map_err(|v| violation(shared, id, v))? {
             Route::Existing(s) => Ok(Some(s)),
             Route::Ignored => Ok(None),
             Route::Refused => {
                 drop(st);
-                let _ = shared.writer.write_or_push([Out::Reset { id, code: code::REFUSED }]);
+                self.answer(Out::Reset { id, code: code::REFUSED })?;
                 Ok(None)
             }
             Route::Opened(s) => {

@@ -67,6 +67,11 @@ impl Events {
         }
     }
 
+    /// True when nothing is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// The next event if one is queued.
     pub(crate) fn try_next(&mut self) -> Option<Event> {
         self.queue.pop_front()

@@ -353,6 +353,11 @@ impl Writer {
     }
 
     /// Queues one item for the writer task.
+    /// Frames queued for the writer task (0: it has caught up).
+    pub(crate) fn backlog(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
     pub(crate) fn push(&self, o: Out) -> Result<(), ()> {
         self.queued.fetch_add(1, Ordering::AcqRel);
         self.tx.send(o).map_err(|_| {
