@@ -228,6 +228,20 @@ fn unshuffle_n<const E: usize>(input: &[u8], out: &mut [u8], n: usize) {
     }
 }
 
+/// Makes `scratch` `n` bytes long; a failed allocation is an error, not
+/// an abort (`n` comes from a peer's chunk header).
+pub(crate) fn grow_scratch(scratch: &mut Vec<u8>, n: usize) -> Result<(), DecodeError> {
+    if scratch.capacity() < n {
+        scratch.clear();
+        scratch.try_reserve_exact(n).map_err(|_| DecodeError::Decompress {
+            compression: "scratch",
+            reason: format!("cannot allocate {n} bytes to decode a chunk into"),
+        })?;
+    }
+    scratch.resize(n, 0);
+    Ok(())
+}
+
 /// Compresses chunks, reusing its buffers and zstd context between calls.
 #[derive(Default)]
 pub struct Compressor {
@@ -343,6 +357,24 @@ impl Decompressor {
         Self::default()
     }
 
+    /// Bytes of scratch memory that decompressing a chunk of `raw_len`
+    /// bytes takes with this `compression` and `shuffle_elem`: a shuffled
+    /// or planes chunk is decoded into scratch first, any other straight
+    /// into its destination (0).
+    pub fn scratch_needed(compression: Compression, shuffle_elem: u32, raw_len: usize) -> usize {
+        match compression {
+            Compression::None => 0,
+            Compression::Planes => raw_len,
+            _ if shuffle_elem > 1 => raw_len,
+            _ => 0,
+        }
+    }
+
+    /// Frees the scratch buffer (the next chunk that needs one allocates it).
+    pub fn release_scratch(&mut self) {
+        self.scratch = Vec::new();
+    }
+
     /// Decompresses `input` into exactly `out.len()` bytes (the chunk's
     /// declared `raw_len`), then un-shuffles when `shuffle_elem > 1`. Fails
     /// when the data decodes to more or fewer bytes than that.
@@ -369,7 +401,7 @@ impl Decompressor {
         let shuffled = shuffle_elem > 1;
         let mut scratch = std::mem::take(&mut self.scratch);
         if shuffled {
-            scratch.resize(out.len(), 0);
+            grow_scratch(&mut scratch, out.len())?;
         }
         let dst: &mut [u8] = if shuffled { &mut scratch } else { out };
         let result = self.decompress_raw(compression, input, dst);

@@ -117,10 +117,11 @@ impl Coalescer {
 /// finds the queue empty gives its slot back and looks once more, so an item
 /// queued while it was leaving (whose caller saw every slot taken) is sent.
 async fn flush<C: WireCall>(client: C, q: Arc<FnQueue>) {
+    let mut slot = Slot { q: &q, held: true };
     loop {
         let batch = take_batch(&q);
         if batch.is_empty() {
-            q.in_flight.fetch_sub(1, Ordering::AcqRel);
+            slot.give_back();
             if lock(&q.items).is_empty() {
                 return;
             }
@@ -129,9 +130,32 @@ async fn flush<C: WireCall>(client: C, q: Arc<FnQueue>) {
                 q.in_flight.fetch_sub(1, Ordering::AcqRel);
                 return;
             }
+            slot.held = true;
             continue;
         }
         send(&client, &q.function, batch).await;
+    }
+}
+
+/// A flusher's slot, given back however the flusher ends (also when a
+/// call panics or the runtime drops the task): a slot lost for good would
+/// leave the function's later calls queued with nobody to send them.
+struct Slot<'a> {
+    q: &'a FnQueue,
+    held: bool,
+}
+
+impl Slot<'_> {
+    fn give_back(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.q.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -139,6 +163,8 @@ async fn flush<C: WireCall>(client: C, q: Arc<FnQueue>) {
 /// stacked together (same dtypes, shapes and arguments).
 fn take_batch(q: &FnQueue) -> Vec<Waiting> {
     let mut items = lock(&q.items);
+    // Callers that gave up (their future dropped) are not sent for.
+    items.retain(|w| !w.reply.is_closed());
     let Some(first) = items.pop_front() else { return vec![] };
     let mut batch = vec![first];
     let mut i = 0;
@@ -224,4 +250,78 @@ fn split(outs: &[Tensor], n: usize) -> Result<Vec<Vec<Tensor>>, CallError> {
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Semaphore;
+
+    /// A wire call that records each batch's first input byte per row and
+    /// echoes its inputs; it waits for a permit before it answers, and
+    /// panics on an input whose first byte is 0xFF.
+    #[derive(Clone)]
+    struct Recorder {
+        seen: Arc<Mutex<Vec<Vec<u8>>>>,
+        gate: Arc<Semaphore>,
+    }
+
+    impl WireCall for Recorder {
+        async fn call_raw(&self, _: &str, inputs: Vec<Tensor>, _: Args, examples: usize) -> Result<Output, CallError> {
+            let bytes = inputs[0].to_contiguous_bytes().expect("bytes").to_vec();
+            lock(&self.seen).push(bytes.clone());
+            self.gate.acquire().await.expect("gate").forget();
+            assert!(bytes[0] != 0xFF, "the wire call panics");
+            let _ = examples;
+            Ok(Output { tensors: inputs, values: Value::None })
+        }
+        fn record_logical_call(&self, _: bool, _: Duration) {}
+    }
+
+    fn one(v: u8) -> Vec<Tensor> {
+        vec![Tensor::new(DType::UInt8, vec![1], bytes::Bytes::from(vec![v])).expect("tensor")]
+    }
+
+    /// A caller that gives up before its call is sent is not sent for, and
+    /// a flusher whose call panics gives its slot back: later calls still go.
+    #[tokio::test(flavor = "current_thread")]
+    async fn abandoned_callers_are_skipped_and_a_panicking_flush_frees_its_slot() {
+        let c = Arc::new(Coalescer::default());
+        let r = Recorder { seen: Arc::default(), gate: Arc::new(Semaphore::new(0)) };
+        // Two calls take both flusher slots and wait at the gate.
+        let a = tokio::spawn({
+            let (c, r) = (c.clone(), r.clone());
+            async move { c.call(&r, "f", 1, one(1), Args::new()).await }
+        });
+        let b = tokio::spawn({
+            let (c, r) = (c.clone(), r.clone());
+            async move { c.call(&r, "f", 1, one(2), Args::new()).await }
+        });
+        while lock(&r.seen).len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // A third caller queues behind them, then gives up.
+        let gone = tokio::spawn({
+            let (c, r) = (c.clone(), r.clone());
+            async move { c.call(&r, "f", 1, one(3), Args::new()).await }
+        });
+        tokio::task::yield_now().await;
+        gone.abort();
+        let _ = gone.await;
+        r.gate.add_permits(2);
+        assert!(a.await.expect("a").is_ok());
+        assert!(b.await.expect("b").is_ok());
+        assert_eq!(*lock(&r.seen), [vec![1], vec![2]], "the abandoned call was sent");
+        // A wire call that panics: its caller gets an error, and the slot
+        // comes back (a call after it is still sent).
+        r.gate.add_permits(8);
+        for _ in 0..IN_FLIGHT {
+            let failed = c.call(&r, "f", 1, one(0xFF), Args::new()).await;
+            assert!(failed.is_err());
+        }
+        for v in 4..8 {
+            let out = tokio::time::timeout(Duration::from_secs(10), c.call(&r, "f", 1, one(v), Args::new())).await;
+            assert!(out.expect("not stuck").is_ok());
+        }
+    }
 }

@@ -107,8 +107,11 @@ impl Client {
                 let (mut w, mut r) = self.open(&s, StreamKind::Call, opts).await?;
                 let mut req = self.request(method, opts, started);
                 fill(&mut req);
-                w.control_last(Kind::Request(Box::new(req))).await?;
+                // Marked before it leaves: a failure while sending may
+                // come after the server has the request (never retried
+                // unless idempotent).
                 sent.set();
+                w.control_last(Kind::Request(Box::new(req))).await?;
                 let out = read_outputs(&mut r).await?;
                 self.count(&w, &r);
                 Ok((out, None))

@@ -402,6 +402,10 @@ pub struct Assembly {
     pool: Option<RecvPool>,
     /// The budget held for a tensor that is one chunk's own bytes.
     held: Option<Reservation>,
+    /// The budget held for the decompressor's scratch buffer (shuffled
+    /// and planes chunks are decoded there first): a few bytes of chunk
+    /// may declare a chunk of up to a tensor's size.
+    scratch: Option<Reservation>,
 }
 
 impl Assembly {
@@ -409,7 +413,15 @@ impl Assembly {
     /// buffer is reserved from it before it is allocated, and stays
     /// reserved until the last view of the tensor's bytes is dropped.
     pub fn new(limits: ReassemblyLimits, budget: Option<MemoryBudget>) -> Self {
-        Self { reasm: Reassembler::new(limits), dec: Decompressor::new(), lease: None, budget, pool: None, held: None }
+        Self {
+            reasm: Reassembler::new(limits),
+            dec: Decompressor::new(),
+            lease: None,
+            budget,
+            pool: None,
+            held: None,
+            scratch: None,
+        }
     }
 
     /// An assembly whose large buffers come from `pool` (and are reserved
@@ -425,6 +437,22 @@ impl Assembly {
             Some(b) => Ok(Some(b.try_reserve(n as u64, "tensor")?)),
             None => Ok(None),
         }
+    }
+
+    /// Reserves what the decompressor's scratch buffer needs for `plan`
+    /// from the budget before the buffer grows to it (a larger reservation
+    /// replaces the smaller one, the buffer freed first).
+    fn reserve_scratch(&mut self, plan: &ChunkPlan) -> Result<(), ChunkError> {
+        let need = Decompressor::scratch_needed(plan.compression, plan.shuffle, plan.raw_len) as u64;
+        if need <= self.scratch.as_ref().map_or(0, Reservation::bytes) {
+            return Ok(());
+        }
+        if let Some(b) = &self.budget {
+            self.scratch = None;
+            self.dec.release_scratch();
+            self.scratch = Some(b.try_reserve(need, "decompression scratch")?);
+        }
+        Ok(())
     }
 
     /// A buffer of `n` bytes for tensor `tensor_id`: from the pool when it
@@ -460,6 +488,7 @@ impl Assembly {
             }
             self.lease = Some(self.lease(c.tensor_id, plan.total)?);
         }
+        self.reserve_scratch(&plan)?;
         let lease = self.lease.as_mut().ok_or_else(|| ChunkError::Protocol("no tensor in progress".into()))?;
         plan.write(&payload, lease.buf(), &mut self.dec)?;
         Ok(if plan.last {
@@ -510,6 +539,7 @@ impl Assembly {
                 dst.len()
             )));
         }
+        self.reserve_scratch(&plan)?;
         plan.write(payload, dst, &mut self.dec)?;
         Ok(plan.last)
     }
@@ -536,6 +566,7 @@ impl Assembly {
         // Reserved from the budget like every receive buffer: a few bytes
         // of compressed chunk may declare a tensor's worth.
         let reservation = self.reserve(plan.raw_len)?;
+        self.reserve_scratch(&plan)?;
         let mut out = Vec::new();
         out.try_reserve_exact(plan.raw_len)
             .map_err(|_| ChunkError::OutOfMemory { tensor_id: c.tensor_id, size: plan.raw_len as u64 })?;
@@ -558,6 +589,7 @@ impl Assembly {
         if plan.first {
             return Err(ChunkError::Protocol(format!("tensor {} started while another was in progress", c.tensor_id)));
         }
+        self.reserve_scratch(&plan)?;
         plan.write(payload, lent, &mut self.dec)?;
         Ok(plan.last)
     }
@@ -676,6 +708,41 @@ mod tests {
         };
         let e = a.push_out(&mut bomb, Bytes::from_static(&[0; 16])).unwrap_err();
         assert!(matches!(e, ChunkError::OverBudget(_)), "{e}");
+    }
+
+    /// A shuffled chunk is decoded in a scratch buffer as large as the
+    /// chunk: that buffer is reserved from the budget too (a 16-byte chunk
+    /// declaring more than the budget has left is refused before anything
+    /// is allocated), and given back with the assembly.
+    #[test]
+    fn decompression_scratch_is_budgeted() {
+        let info = || Some(Box::new(v1::TensorInfo { dtype: v1::Dtype::Float32 as i32, ..Default::default() }));
+        let n = 256 << 10;
+        let data: Vec<u8> = (0..n as u32 / 4).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let packed = Compressor::default().compress(Compression::Lz4, 4, &data).unwrap().expect("compresses");
+        let budget = MemoryBudget::new(4 << 20);
+        let mut a = Assembly::new(ReassemblyLimits { max_tensor_bytes: 1 << 30 }, Some(budget.clone()));
+        let chunk = |id: u64, total: usize| v1::Chunk {
+            tensor_id: id,
+            total_bytes: total as u64,
+            raw_len: total as u64,
+            last: true,
+            compression: v1::Compression::Lz4 as i32,
+            shuffle: 4,
+            info: info(),
+            ..Default::default()
+        };
+        let Step::Done(t) = a.push(&mut chunk(1, n), Bytes::from(packed)).unwrap() else { panic!("one chunk") };
+        assert_eq!(&t[..], &data[..]);
+        assert_eq!(budget.used(), 2 * n as u64, "the tensor and the scratch it was decoded in");
+        // 3.5 MiB more: the tensor's buffer fits what is left, its scratch does not.
+        let big = 7 << 19;
+        let e = a.push(&mut chunk(2, big), Bytes::from_static(&[0; 16])).unwrap_err();
+        assert!(matches!(e, ChunkError::OverBudget(_)), "{e}");
+        drop(a);
+        assert_eq!(budget.used(), n as u64, "only the tensor is held");
+        drop(t);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -162,9 +162,11 @@ impl TensorStream {
             // of credit could deadlock (the server waits for this side to
             // read its answers).
             // (InvalidArgument: `next_into` refused a tensor, whose rest is
-            // left unread.)
+            // left unread; Protocol: a frame this side could not make sense
+            // of, a chunk that did not decompress, say.)
             Some(Err(
                 CallError::Decode(_)
+                | CallError::Protocol { .. }
                 | CallError::OutOfMemory(_)
                 | CallError::Limit { .. }
                 | CallError::Timeout(_)
