@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::proxy::{Dir, Fault, Proxy};
 use common::*;
 use tensorwire::builtins::random_tensor;
-use tensorwire::{CallError, Client, ClientConfig, Code, DType, RetryPolicy, ServerConfig, Tensor};
+use tensorwire::{CallError, Client, ClientConfig, Code, DType, FetchRequest, RetryPolicy, ServerConfig, Tensor};
 
 const MIB: u64 = 1 << 20;
 
@@ -106,9 +106,19 @@ async fn a_stalled_connection_times_out_and_a_slow_one_delivers_exactly() {
     let (server, proxy, t) = setup(Fault::Stall(2 * MIB), Dir::Down).await;
     Client::connect(&server.url()).await.unwrap().send(vec![t.clone()]).await.unwrap();
     let cfg = ClientConfig { timeout: Some(Duration::from_millis(500)), ..no_retry() };
-    let c = Client::connect_with(&proxy.url(), cfg).await.unwrap();
+    let c = Client::connect_with(&proxy.url(), cfg.clone()).await.unwrap();
     let e = c.fetch_one("w").await.unwrap_err();
     assert!(matches!(e, CallError::Timeout(_)), "{e}");
+    // So do the calls outside the retry loop: into the caller's buffer,
+    // and as a stream.
+    let mut dst = vec![0u8; t.nbytes()];
+    let e = c.fetch_into_bytes(FetchRequest::name("w"), &mut dst, None).await.unwrap_err();
+    assert!(matches!(e, CallError::Timeout(_)), "fetch_into: {e}");
+    let (server, proxy, t) = setup(Fault::Stall(2 * MIB), Dir::Up).await;
+    let c = Client::connect_with(&proxy.url(), cfg.clone()).await.unwrap();
+    let e = c.send_stream(futures_util::stream::iter(vec![t.clone()])).await.unwrap_err();
+    assert!(matches!(e, CallError::Timeout(_)), "send_stream: {e}");
+    drop(server);
     let (server, proxy, t) = setup(Fault::Delay(Duration::from_millis(2)), Dir::Down).await;
     Client::connect(&server.url()).await.unwrap().send(vec![t.clone()]).await.unwrap();
     let c = Client::connect(&proxy.url()).await.unwrap();

@@ -42,16 +42,21 @@ impl Client {
     }
 
     /// Streams tensors from any source to the server's `send` handler
-    /// (no retries: the source is consumed as it goes).
+    /// (no retries: the source is consumed as it goes; the client's timeout
+    /// bounds the whole call, the source's waits included).
     pub async fn send_stream(&self, tensors: impl Stream<Item = Tensor> + Send) -> Result<SendSummary, CallError> {
-        let (mut w, mut r, started) = self.begin_send().await?;
-        let mut tensors = std::pin::pin!(tensors);
-        while let Some(t) = tensors.next().await {
-            if let Err(e) = w.send_tensor(&t, false).await {
-                return Err(explain(e, &mut r).await);
+        let started = Instant::now();
+        self.within_timeout(&CallOptions::default(), started, async {
+            let (mut w, mut r, started) = self.begin_send().await?;
+            let mut tensors = std::pin::pin!(tensors);
+            while let Some(t) = tensors.next().await {
+                if let Err(e) = w.send_tensor(&t, false).await {
+                    return Err(explain(e, &mut r).await);
+                }
             }
-        }
-        self.finish_send(w, r, started).await
+            self.finish_send(w, r, started).await
+        })
+        .await
     }
 
     /// Opens a fetch stream on `s` and sends its request (the stream's
@@ -72,9 +77,13 @@ impl Client {
 
     /// Asks the server's `fetch` handler for tensors; they arrive as a stream.
     pub async fn fetch_stream(&self, request: FetchRequest) -> Result<TensorStream, CallError> {
-        let opts = CallOptions::default();
-        let s = self.session().await?;
-        let (_, r) = self.begin_fetch(&s, &opts, &request, Instant::now()).await?;
+        let (opts, started) = (CallOptions::default(), Instant::now());
+        let r = self
+            .within_timeout(&opts, started, async {
+                let s = self.session().await?;
+                Ok(self.begin_fetch(&s, &opts, &request, started).await?.1)
+            })
+            .await?;
         Ok(TensorStream::new(r, true))
     }
 
@@ -101,16 +110,31 @@ impl Client {
     /// is checked first: it must be a raw, contiguous tensor of exactly
     /// `dst.len()` bytes, and of dtype `dtype` when given; otherwise the call
     /// fails with [`CallError::InvalidArgument`] and nothing is written.
-    /// Returns the tensor's header (dtype, shape, name). Not retried.
+    /// Returns the tensor's header (dtype, shape, name). Not retried; the
+    /// client's timeout ([`ClientConfig::timeout`](crate::ClientConfig))
+    /// bounds the whole call (a server that stops sending half-way fails it
+    /// with [`CallError::Timeout`], `dst` then holds part of the tensor).
     pub async fn fetch_into_bytes(
         &self,
         request: FetchRequest,
         dst: &mut [u8],
         dtype: Option<DType>,
     ) -> Result<TensorInfo, CallError> {
-        let opts = CallOptions::default();
+        let (opts, started) = (CallOptions::default(), Instant::now());
+        self.within_timeout(&opts, started, self.fetch_into_now(&opts, started, request, dst, dtype)).await
+    }
+
+    /// [`Client::fetch_into_bytes`] without its timeout.
+    async fn fetch_into_now(
+        &self,
+        opts: &CallOptions,
+        started: Instant,
+        request: FetchRequest,
+        dst: &mut [u8],
+        dtype: Option<DType>,
+    ) -> Result<TensorInfo, CallError> {
         let s = self.session().await?;
-        let (w, mut r) = self.begin_fetch(&s, &opts, &request, Instant::now()).await?;
+        let (w, mut r) = self.begin_fetch(&s, opts, &request, started).await?;
         let mut got: Option<TensorInfo> = None;
         loop {
             let item = if got.is_none() {
@@ -174,10 +198,14 @@ impl Client {
         &self,
         inputs: impl Stream<Item = Tensor> + Send + 'static,
     ) -> Result<TensorStream, CallError> {
-        let opts = CallOptions::default();
-        let s = self.session().await?;
-        let (mut w, r) = self.open(&s, StreamKind::Exchange, &opts).await?;
-        w.control(Kind::Request(Box::new(self.request(Method::Exchange, &opts, Instant::now()))));
+        let (opts, started) = (CallOptions::default(), Instant::now());
+        let (mut w, r) = self
+            .within_timeout(&opts, started, async {
+                let s = self.session().await?;
+                self.open(&s, StreamKind::Exchange, &opts).await
+            })
+            .await?;
+        w.control(Kind::Request(Box::new(self.request(Method::Exchange, &opts, started))));
         let (ended, mut answers_ended) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut inputs = std::pin::pin!(inputs);

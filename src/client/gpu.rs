@@ -42,9 +42,16 @@ impl Client {
     /// Sends tensors that live in GPU memory to the server's `send` handler.
     /// Each is copied device→host through `gpu`'s pinned buffers chunk by
     /// chunk (double-buffered), and each chunk goes on the wire while the
-    /// next is being copied.
+    /// next is being copied. The client's timeout bounds the whole call.
     #[cfg(feature = "cuda")]
     pub async fn send_gpu(&self, gpu: &Arc<Gpu>, tensors: Vec<Arc<DeviceTensor>>) -> Result<SendSummary, CallError> {
+        let opts = crate::client::session::CallOptions::default();
+        self.within_timeout(&opts, std::time::Instant::now(), self.send_gpu_now(gpu, tensors)).await
+    }
+
+    /// [`Client::send_gpu`] without its timeout.
+    #[cfg(feature = "cuda")]
+    async fn send_gpu_now(&self, gpu: &Arc<Gpu>, tensors: Vec<Arc<DeviceTensor>>) -> Result<SendSummary, CallError> {
         let (mut w, mut r, started) = self.begin_send().await?;
         note_ucx_staging(self.transport());
         for d in tensors {

@@ -350,13 +350,7 @@ impl Client {
                 let s = self.session().await?;
                 attempt(s, sent.clone(), started).await
             };
-            let r = match timeout {
-                Some(t) => match tokio::time::timeout(t.saturating_sub(started.elapsed()), fut).await {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::Timeout(t)),
-                },
-                None => fut.await,
-            };
+            let r = within(timeout, started, fut).await;
             match r {
                 Ok((v, server_time)) => {
                     if record {
@@ -386,6 +380,17 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Runs `fut`, a call outside the retry loop, within the call's
+    /// timeout (`opts`', else the client's), counted from `started`.
+    pub(crate) async fn within_timeout<T>(
+        &self,
+        opts: &CallOptions,
+        started: Instant,
+        fut: impl Future<Output = Result<T, CallError>>,
+    ) -> Result<T, CallError> {
+        within(opts.timeout.or(self.inner.config.timeout), started, fut).await
     }
 
     pub(crate) fn count(&self, w: &FrameWriter, r: &FrameReader) {
@@ -425,6 +430,21 @@ impl Client {
         self.count(&w, &r);
         self.inner.stats.record(true, started.elapsed(), None);
         Ok(SendSummary { received: reply.received_count, bytes: reply.received_bytes, message: reply.message })
+    }
+}
+
+/// `fut`, failed with [`CallError::Timeout`] once `timeout` (if any) has
+/// passed since `started`.
+async fn within<T>(
+    timeout: Option<Duration>,
+    started: Instant,
+    fut: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    match timeout {
+        Some(t) => {
+            tokio::time::timeout(t.saturating_sub(started.elapsed()), fut).await.unwrap_or(Err(CallError::Timeout(t)))
+        }
+        None => fut.await,
     }
 }
 
