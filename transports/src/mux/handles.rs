@@ -317,10 +317,10 @@ impl MuxRecv {
         let mut closed = pin!(closed);
         closed.as_mut().enable();
         std::future::poll_fn(|cx| {
-            if let Some(ev) = lock(&self.stream.inner).events.as_mut() {
-                if let std::task::Poll::Ready(e) = ev.poll_next(cx) {
-                    return std::task::Poll::Ready(Some(e));
-                }
+            if let Some(ev) = lock(&self.stream.inner).events.as_mut()
+                && let std::task::Poll::Ready(e) = ev.poll_next(cx)
+            {
+                return std::task::Poll::Ready(Some(e));
             }
             if self.shared.closed.load(Ordering::Acquire) || closed.as_mut().poll(cx).is_ready() {
                 return std::task::Poll::Ready(None);
