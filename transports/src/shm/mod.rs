@@ -774,7 +774,7 @@ impl ShmRecv {
 #[async_trait]
 impl RecvStream for ShmRecv {
     async fn recv(&mut self) -> Result<Option<Received>, StreamError> {
-        let mut r = match self.waiting.take() {
+        let r = match self.waiting.take() {
             Some(r) => r,
             None => match self.inner.recv_next().await? {
                 Some(r) => r,
@@ -782,7 +782,12 @@ impl RecvStream for ShmRecv {
             },
         };
         let Some((id, len)) = self.claim(&r)? else { return Ok(Some(r)) };
+        // Kept here while its segment is awaited: a receive dropped
+        // meanwhile (a caller's timeout, a select) loses no frame; the
+        // next one maps the segment again.
+        self.waiting = Some(r);
         let view = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await;
+        let mut r = self.waiting.take().expect("kept above");
         r.payload = Payload::Bytes(view.map_err(|e| self.shared.protocol(e))?);
         Ok(Some(r))
     }

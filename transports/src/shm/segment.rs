@@ -121,12 +121,17 @@ impl SideMsg {
 pub(crate) struct PeerSegments {
     map: HashMap<u64, Arc<PeerSegment>>,
     max_segment: u64,
+    /// Bytes of the segments in `map`.
+    mapped: u64,
 }
 
 impl PeerSegments {
-    /// No segments yet; none larger than `max_segment` bytes will be mapped.
+    /// No segments yet; none larger than `max_segment` bytes will be
+    /// mapped, and at most twice that in all (a sender holds its pool and
+    /// the segments in flight, each at most its `max_in_flight`): one peer
+    /// cannot take the whole process's mapping budget.
     pub(crate) fn new(max_segment: u64) -> Self {
-        Self { map: HashMap::new(), max_segment }
+        Self { map: HashMap::new(), max_segment, mapped: 0 }
     }
 
     /// Applies one message (`fd`: the descriptor that came with it).
@@ -140,13 +145,24 @@ impl PeerSegments {
                 if self.map.len() >= MAX_SEGMENTS && !self.map.contains_key(&id) {
                     return Err(format!("more than {MAX_SEGMENTS} segments passed at once"));
                 }
+                let replaced = self.map.get(&id).map_or(0, |s| s.len() as u64);
+                let mapped = self.mapped - replaced + seg.len() as u64;
+                if mapped > self.max_segment.saturating_mul(2) {
+                    return Err(format!(
+                        "segment {id} refused: the peer's segments would take {mapped} bytes, above twice the {}-byte segment limit",
+                        self.max_segment
+                    ));
+                }
+                self.mapped = mapped;
                 self.map.insert(id, Arc::new(seg));
                 return Ok(true);
             }
             SideMsg::Taken(id) => owner.taken(id),
             SideMsg::Released(id) => owner.released(id),
             SideMsg::Forget(id) => {
-                self.map.remove(&id);
+                if let Some(s) = self.map.remove(&id) {
+                    self.mapped -= s.len() as u64;
+                }
             }
         }
         Ok(false)
@@ -167,6 +183,7 @@ impl PeerSegments {
     /// Unmaps every segment (the side channel ended).
     pub(crate) fn clear(&mut self) {
         self.map.clear();
+        self.mapped = 0;
     }
 
     /// Segments mapped now.
@@ -737,6 +754,28 @@ mod tests {
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
         let e = PeerSegment::map(&fd, u64::MAX).err().unwrap();
         assert!(e.contains("not sealed"), "{e}");
+    }
+
+    /// One peer's segments take at most twice the segment limit in all;
+    /// forgotten and replaced segments give their bytes back.
+    #[test]
+    fn a_peer_maps_at_most_twice_the_segment_limit() {
+        let mut p = PeerSegments::new(8192);
+        let log = Log::default();
+        let new = |p: &mut PeerSegments, id: u64| {
+            let w = SegmentWriter::new(4096).unwrap();
+            let fd = w.fd().try_clone().unwrap();
+            p.apply(&log, &SideMsg::New(id).encode(), Some(fd))
+        };
+        for id in 1..=4 {
+            assert_eq!(new(&mut p, id), Ok(true), "segment {id}");
+        }
+        let e = new(&mut p, 5).unwrap_err();
+        assert!(e.contains("above twice"), "{e}");
+        assert_eq!(new(&mut p, 2), Ok(true), "a replaced segment counts once");
+        p.apply(&log, &SideMsg::Forget(1).encode(), None).unwrap();
+        assert_eq!(new(&mut p, 5), Ok(true), "a forgotten segment's bytes are free again");
+        assert_eq!(p.len(), 4);
     }
 
     #[derive(Default)]
