@@ -111,9 +111,11 @@ pub struct ShmConfig {
     /// (or the socket), never in a segment of its own. Segments are whole
     /// MiB, so below 1 MiB no tensor uses one.
     pub max_in_flight: u64,
-    /// A segment whose frame has not claimed it after this long is dropped
-    /// (default 30 s); a frame naming a segment that has not arrived within
-    /// it fails.
+    /// A segment whose frame failed to leave (its stream was reset or
+    /// stopped) and that the peer has not taken after this long is dropped
+    /// (default 30 s); a frame that left is never dropped (a slow receiver
+    /// reads it late; one dropped unread is reported back at once). A frame
+    /// naming a segment that has not arrived within it fails.
     pub segment_timeout: Duration,
     /// Bytes of each direction's shared-memory ring (default 256 KiB,
     /// rounded up to a power of two between 4 KiB and 16 MiB; 0: none):

@@ -85,20 +85,21 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
     if wants_shm(endpoint, config) {
         let ring_bytes = if endpoint.query("ring") == Some("0") { 0 } else { config.shm.ring_bytes };
         let offer = crate::shm::offer(&s, ring_bytes).await.map_err(io)?;
+        let (side, hook) = crate::shm::side_channel(offer.side, &config.shm).map_err(io)?;
         let c = match offer.ring {
             Some(parts) => {
                 let (rd, wr) =
                     crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, config.spin).map_err(io)?;
-                mux::establish(rd, wr, Role::Client, info, config).await
+                mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await
             }
             None => {
                 let (rd, wr) = s.into_split();
-                mux::establish(rd, wr, Role::Client, info, config).await
+                mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await
             }
         }
         .map_err(|e| establish_error(endpoint, e))?;
         let name = if endpoint.scheme() == crate::Scheme::Shm { "shm" } else { "unix+shm" };
-        return crate::shm::wrap(c, offer.side, &config.shm, name).map_err(io);
+        return Ok(crate::shm::wrap(c, side, &config.shm, name));
     }
     #[cfg(not(feature = "shm"))]
     let _ = wants_shm(endpoint, config);
@@ -192,26 +193,30 @@ impl RawAccept for UnixAccept {
                     Err(_) => return drop(tx.send(Err(fail("no data within the connect timeout".into()))).await),
                 };
                 let (side, ring) = match offer {
-                    Some(o) => (Some(o.side), o.ring),
+                    Some(o) => match crate::shm::side_channel(o.side, &config.shm) {
+                        Ok(side) => (Some(side), o.ring),
+                        Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
+                    },
                     None => (None, None),
                 };
+                let (side, hook) = side.map_or((None, None), |(s, h)| (Some(s), Some(h)));
                 let established = match ring {
                     Some(parts) => {
                         match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, config.spin) {
-                            Ok((rd, wr)) => mux::establish(rd, wr, Role::Server, info, &config).await,
+                            Ok((rd, wr)) => mux::establish_with(rd, wr, Role::Server, info, &config, hook).await,
                             Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
                         }
                     }
                     None => {
                         let (rd, wr) = s.into_split();
-                        mux::establish(rd, wr, Role::Server, info, &config).await
+                        mux::establish_with(rd, wr, Role::Server, info, &config, hook).await
                     }
                 };
                 let r = match established {
                     Ok(c) => match side {
-                        Some(fd) => {
+                        Some(side) => {
                             let name = if shm { "shm" } else { "unix+shm" };
-                            crate::shm::wrap(c, fd, &config.shm, name).map_err(|e| fail(e.to_string()))
+                            Ok(crate::shm::wrap(c, side, &config.shm, name))
                         }
                         None => Ok(c as Arc<dyn Connection>),
                     },

@@ -37,12 +37,12 @@ mod spinning;
 pub mod state;
 mod writer;
 
-#[cfg(feature = "ucx")]
+#[cfg(any(feature = "ucx", feature = "shm"))]
 pub(crate) use conn::establish_with;
 pub use conn::{EstablishError, MuxConnection, SocketInfo, establish};
 #[cfg(feature = "shm")]
 pub(crate) use handles::{MuxRecv, MuxSend};
-#[cfg(feature = "ucx")]
+#[cfg(any(feature = "ucx", feature = "shm"))]
 pub(crate) use shared::DiscardHook;
 pub use state::Role;
 pub use writer::{MuxWrite, QueuedWrite};

@@ -44,7 +44,10 @@
 //!   the rings: a segment of their own would be fresh memory each time, and
 //!   the sender would hold the tensor twice.
 //! - **Backpressure.** Segments sent and not yet viewed (TAKEN) by the
-//!   receiver hold at most `max_in_flight` bytes of budget.
+//!   receiver hold at most `max_in_flight` bytes of budget, however long
+//!   the receiver takes to read them; a frame the receiver drops unread
+//!   (its stream reset, its receiver gone) is reported RELEASED by the mux
+//!   connection's discard hook, so its budget and segment come back.
 //! - **Cleanup.** Segments and ring regions are anonymous memfds: nothing is
 //!   ever created in `/dev/shm`, and the kernel frees them with their last
 //!   descriptor or mapping, also when a peer crashes.
@@ -87,7 +90,7 @@ use self::segment::{
     MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fds, send_with_fds, seqpacket_pair,
 };
 use crate::config::ShmConfig;
-use crate::mux::{MuxConnection, MuxRecv, MuxSend};
+use crate::mux::{DiscardHook, MuxConnection, MuxRecv, MuxSend};
 use crate::sync::{lock, spawn_bounded};
 use crate::{
     Connection, ConnectionInfo, Frame, FrameHeader, Incoming, Payload, Placement, Received, RecvStream, SendStream,
@@ -260,7 +263,11 @@ struct Lent {
     seg: SegmentWriter,
     /// Budget held until the peer reports the segment taken.
     permit: Option<OwnedSemaphorePermit>,
-    since: Instant,
+    /// When sending the frame that names the segment failed (the stream
+    /// was reset or stopped): it may never reach the peer. None: it went,
+    /// and the peer reports the segment taken when it is read, or released
+    /// when the frame is dropped unread, however long that takes.
+    unsent_since: Option<Instant>,
 }
 
 impl Owner for Shared {
@@ -293,10 +300,10 @@ impl Shared {
         StreamError::Protocol { peer: self.peer.clone(), reason }
     }
 
-    fn new(side: OwnedFd, cfg: &ShmConfig, peer: String) -> std::io::Result<Self> {
+    fn new(side: Arc<SideChannel>, cfg: &ShmConfig, peer: String) -> Self {
         let units = u32::try_from(cfg.max_in_flight.div_ceil(1 << 20)).unwrap_or(u32::MAX >> 4).clamp(1, u32::MAX >> 4);
-        Ok(Shared {
-            side: Arc::new(SideChannel::new(side, cfg.max_segment_bytes)?),
+        Shared {
+            side,
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
             next_segment: AtomicU64::new(1),
@@ -309,7 +316,18 @@ impl Shared {
             warmed: Arc::new(Mutex::new(None)),
             warming: Arc::new(AtomicBool::new(false)),
             last_miss: Mutex::new(None),
-        })
+        }
+    }
+
+    /// The frames naming `ids` failed to send (they may never reach the
+    /// peer): their segments may expire.
+    fn unsent(&self, ids: &[u64]) {
+        let mut lent = lock(&self.lent);
+        for id in ids {
+            if let Some(l) = lent.get_mut(id) {
+                l.unsent_since.get_or_insert_with(Instant::now);
+            }
+        }
     }
 
     /// Returns a segment to the pool (most recent last), dropping the
@@ -446,14 +464,16 @@ impl Shared {
         }
     }
 
-    /// Segments the peer never took within the timeout (their frame was
-    /// discarded with an abandoned stream): budget back, segment forgotten.
+    /// Segments whose frame failed to leave and that the peer has not
+    /// taken within the timeout: budget back, segment forgotten. (A frame
+    /// that left is never expired: a slow receiver reads it late, and one
+    /// dropped unread is reported released by the peer's discard hook.)
     fn expire_stale(&self) {
         let timeout = self.cfg.segment_timeout;
         let mut lent = lock(&self.lent);
         let stale: Vec<u64> = lent
             .iter()
-            .filter(|(_, l)| l.permit.is_some() && l.since.elapsed() >= timeout)
+            .filter(|(_, l)| l.permit.is_some() && l.unsent_since.is_some_and(|t| t.elapsed() >= timeout))
             .map(|(id, _)| *id)
             .collect();
         for id in &stale {
@@ -478,14 +498,23 @@ impl Drop for ShmConnection {
     }
 }
 
-/// Wraps an established mux connection with its side channel.
+/// The side channel on `fd` (the peer's segments up to the configured
+/// size), and the discard hook to establish the mux connection with.
+pub(crate) fn side_channel(fd: OwnedFd, cfg: &ShmConfig) -> std::io::Result<(Arc<SideChannel>, DiscardHook)> {
+    let side = Arc::new(SideChannel::new(fd, cfg.max_segment_bytes)?);
+    let hook = discard_hook(&side);
+    Ok((side, hook))
+}
+
+/// Wraps a mux connection, established with [`side_channel`]'s discard
+/// hook, with that side channel.
 pub(crate) fn wrap(
     inner: Arc<MuxConnection>,
-    side: OwnedFd,
+    side: Arc<SideChannel>,
     cfg: &ShmConfig,
     transport: &'static str,
-) -> std::io::Result<Arc<dyn Connection>> {
-    let shared = Arc::new(Shared::new(side, cfg, inner.info().peer)?);
+) -> Arc<dyn Connection> {
+    let shared = Arc::new(Shared::new(side, cfg, inner.info().peer));
     let s = shared.clone();
     let reader = tokio::spawn(async move {
         // When the side channel ends (the peer closed its connection, or
@@ -495,7 +524,7 @@ pub(crate) fn wrap(
         let why = s.side.run(&*s).await;
         tracing::debug!(peer = %s.peer, reason = %why, "shared-memory side channel ended");
     });
-    Ok(Arc::new(ShmConnection { inner, shared, reader, transport }))
+    Arc::new(ShmConnection { inner, shared, reader, transport })
 }
 
 #[async_trait]
@@ -612,11 +641,15 @@ impl ShmSend {
             if !c.starts_segment {
                 return Ok(vec![frame]);
             }
-            let acquired = self
-                .shared
-                .acquire(c.total_bytes)
-                .await
-                .map_err(|e| self.shared.protocol(format!("no shared-memory segment: {e}")))?;
+            // The wait for budget ends with the connection too: the peer
+            // gives budget back only as it reads (or drops) what was lent.
+            let mux = self.inner.shared.clone();
+            let acquired = tokio::select! {
+                a = self.shared.acquire(c.total_bytes) => {
+                    a.map_err(|e| self.shared.protocol(format!("no shared-memory segment: {e}")))?
+                }
+                _ = mux.wait_closed() => return Err(mux.error()),
+            };
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
             self.shared.filling.fetch_add(1, Ordering::AcqRel);
             let Some(Kind::Chunk(first)) = frame.header.kind.clone() else { return Ok(vec![frame]) };
@@ -644,7 +677,7 @@ impl ShmSend {
         let Some(f) = self.take_pending() else { return Ok(Vec::new()) };
         let total = f.first.total_bytes;
         let id = f.id;
-        lock(&self.shared.lent).insert(id, Lent { seg: f.seg, permit: Some(f.permit), since: Instant::now() });
+        lock(&self.shared.lent).insert(id, Lent { seg: f.seg, permit: Some(f.permit), unsent_since: None });
         let mut head = f.first;
         head.index = 0;
         head.offset = 0;
@@ -679,11 +712,16 @@ impl ShmSend {
 impl SendStream for ShmSend {
     async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
         let frames = self.convert(frame).await?;
-        match frames.len() {
+        let ids = segments_named(&frames);
+        let r = match frames.len() {
             0 => Ok(()),
             1 => self.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
             _ => self.inner.send_frames(frames, false).await,
+        };
+        if r.is_err() {
+            self.shared.unsent(&ids);
         }
+        r
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
@@ -700,7 +738,12 @@ impl SendStream for ShmSend {
         if out.is_empty() {
             return if fin { self.inner.finish_now() } else { Ok(()) };
         }
-        self.inner.send_frames(out, fin).await
+        let ids = segments_named(&out);
+        let r = self.inner.send_frames(out, fin).await;
+        if r.is_err() {
+            self.shared.unsent(&ids);
+        }
+        r
     }
 
     fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
@@ -731,6 +774,33 @@ impl Drop for ShmSend {
             self.shared.give_back(f.id, f.seg);
         }
     }
+}
+
+/// The segments `frames` name (a tensor each).
+fn segments_named(frames: &[Frame]) -> Vec<u64> {
+    frames
+        .iter()
+        .filter_map(|f| match &f.header.kind {
+            Some(Kind::Chunk(c)) if c.shm_segment != 0 => Some(c.shm_segment),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the mux connection under a shared-memory one does with a frame
+/// dropped unread (its stream reset, its receiver gone): a frame naming a
+/// segment reports that segment released, so the peer gets its budget and
+/// segment back now instead of never.
+pub(crate) fn discard_hook(side: &Arc<SideChannel>) -> DiscardHook {
+    let side = Arc::downgrade(side);
+    Box::new(move |h: &FrameHeader| {
+        if let Some(Kind::Chunk(c)) = &h.kind
+            && c.shm_segment != 0
+            && let Some(side) = side.upgrade()
+        {
+            side.release(c.shm_segment);
+        }
+    })
 }
 
 /// The segment and byte count a chunk frame names (None: an ordinary chunk
@@ -767,6 +837,19 @@ impl ShmRecv {
         match &r.header.kind {
             Some(Kind::Chunk(c)) => segment_claim(c, r.payload.len()).map_err(|e| self.shared.protocol(e)),
             _ => Ok(None),
+        }
+    }
+}
+
+impl Drop for ShmRecv {
+    fn drop(&mut self) {
+        // A frame taken from the stream and not handed on: dropped unread,
+        // its segment goes back to the peer (as the discard hook does).
+        if let Some(r) = self.waiting.take()
+            && let Some(Kind::Chunk(c)) = &r.header.kind
+            && c.shm_segment != 0
+        {
+            self.shared.side.release(c.shm_segment);
         }
     }
 }
@@ -849,7 +932,8 @@ mod tests {
     #[tokio::test]
     async fn misses_go_through_the_socket_and_a_repeated_one_warms_a_segment_for_the_next_tensor() {
         let (ours, theirs) = seqpacket_pair().unwrap();
-        let shared = Shared::new(ours, &ShmConfig::default(), "test".into()).unwrap();
+        let side = Arc::new(SideChannel::new(ours, 1 << 40).unwrap());
+        let shared = Shared::new(side, &ShmConfig::default(), "test".into());
         let n = 3 << 20;
         assert!(shared.acquire(n).await.unwrap().is_none(), "the first tensor goes through the socket");
         assert!(!shared.warming.load(Ordering::Acquire) && lock(&shared.warmed).is_none(), "a one-shot warms nothing");
@@ -877,7 +961,8 @@ mod tests {
     async fn a_tensor_too_large_to_pool_goes_through_the_rings_every_time() {
         let (ours, theirs) = seqpacket_pair().unwrap();
         let cfg = ShmConfig { max_in_flight: 2 << 20, ..ShmConfig::default() };
-        let shared = Shared::new(ours, &cfg, "test".into()).unwrap();
+        let side = Arc::new(SideChannel::new(ours, 1 << 40).unwrap());
+        let shared = Shared::new(side, &cfg, "test".into());
         // Repeated, as steady traffic of one large size would be: never a
         // segment (each would be fresh memory beside the sender's tensor),
         // never one warmed, and no budget held while deciding.

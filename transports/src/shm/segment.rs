@@ -587,7 +587,7 @@ impl SideChannel {
     /// Reports that every view of the peer's segment `id` was dropped: at
     /// once when the socket has room (so the report is on its way before
     /// anything the caller sends next), else through the reader task.
-    fn release(&self, id: u64) {
+    pub(crate) fn release(&self, id: u64) {
         let msg = SideMsg::Released(id).encode();
         // SAFETY: send on our own socket with a valid 16-byte buffer.
         let n = unsafe {
