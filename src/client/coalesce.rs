@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tensorwire_codecs::{AlignedBuf, DType, Tensor};
 use tokio::sync::oneshot;
 
@@ -133,7 +134,12 @@ async fn flush<C: WireCall>(client: C, q: Arc<FnQueue>) {
             slot.held = true;
             continue;
         }
-        send(&client, &q.function, batch).await;
+        // A panic in one batch's call fails that batch's callers (their
+        // replies are dropped), not the calls queued behind it.
+        let sent = std::panic::AssertUnwindSafe(send(&client, &q.function, batch)).catch_unwind().await;
+        if sent.is_err() {
+            tracing::warn!(function = %q.function, "a coalesced call panicked; its callers get an error");
+        }
     }
 }
 
@@ -318,6 +324,19 @@ mod tests {
         for _ in 0..IN_FLIGHT {
             let failed = c.call(&r, "f", 1, one(0xFF), Args::new()).await;
             assert!(failed.is_err());
+        }
+        // Calls queued behind a panicking one are still sent.
+        r.gate.add_permits(8);
+        let calls: Vec<_> = [0xFF, 0xFF, 0xFF, 40, 41, 42]
+            .into_iter()
+            .map(|v| {
+                let (c, r) = (c.clone(), r.clone());
+                tokio::spawn(async move { c.call(&r, "f", 1, one(v), Args::new()).await })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            let out = tokio::time::timeout(Duration::from_secs(10), call).await.expect("not stuck").expect("task");
+            assert_eq!(out.is_ok(), i >= 3, "call {i}");
         }
         for v in 4..8 {
             let out = tokio::time::timeout(Duration::from_secs(10), c.call(&r, "f", 1, one(v), Args::new())).await;

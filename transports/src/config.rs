@@ -98,11 +98,9 @@ pub struct ShmConfig {
     /// segment.
     pub min_tensor_bytes: u64,
     /// Largest tensor payload mapped from one segment a peer passes
-    /// (default 16 GiB): a peer's larger segment is refused, and so is one
-    /// that would make its mapped segments exceed twice this. (A sender
-    /// puts at most `max_in_flight` bytes in one segment and keeps at most
-    /// that much pooled and that much in flight; larger tensors go through
-    /// the rings or the socket.)
+    /// (default 16 GiB): a peer's larger segment is refused. (A sender puts
+    /// at most `max_in_flight` bytes in one segment; larger tensors go
+    /// through the rings or the socket.)
     pub max_segment_bytes: u64,
     /// Bytes of segments one connection may have passed to the peer and not
     /// yet seen taken (default 1 GiB): the sender waits beyond it, so a slow

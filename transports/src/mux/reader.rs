@@ -96,12 +96,12 @@ struct Reader<'a, R> {
     dec: Decoder,
     accept: &'a Accepted,
     /// Answers to the peer's frames (pongs, refusals) queued since the
-    /// writer last caught up.
-    owed: Cell<usize>,
+    /// writer last caught up or wrote anything, and its written count then.
+    owed: Cell<(usize, u64)>,
 }
 
 /// Most answers the peer's own frames ask for (a PONG per PING, a RESET
-/// per stream over the limit) queued behind a writer that cannot write:
+/// per stream over the limit) queued behind a writer that writes nothing:
 /// a peer that keeps asking while it reads nothing would otherwise grow
 /// the writer's queue without bound (HTTP/2's ping and reset floods).
 const MAX_OWED_REPLIES: usize = 1024;
@@ -113,7 +113,7 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
         buf: BytesMut::with_capacity(READ_BUF),
         dec: Decoder::new(shared.limits),
         accept,
-        owed: Cell::new(0),
+        owed: Cell::new((0, 0)),
     };
     while let Some(FrameStart { head, meta }) = r.next_head().await? {
         match head.kind {
@@ -243,17 +243,21 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
     /// Finds or opens the stream a DATA frame belongs to. None: discard the
     /// frame (the next head skips its payload).
     /// Queues `o`, an answer the peer's frame asks for; fails the
-    /// connection past [`MAX_OWED_REPLIES`] answers the writer has not
-    /// caught up with (the peer is not reading).
+    /// connection past [`MAX_OWED_REPLIES`] answers queued while the writer
+    /// wrote nothing (the peer is not reading).
     fn answer(&self, o: Out) -> Result<(), StreamError> {
         let w = &self.shared.writer;
-        let owed = if w.backlog() == 0 { 1 } else { self.owed.get() + 1 };
+        let (backlog, written) = w.backlog();
+        let (owed, seen) = self.owed.get();
+        // Counted only while the writer is stuck: a busy writer that keeps
+        // writing (the peer reads) starts the count again.
+        let owed = if backlog == 0 || written != seen { 1 } else { owed + 1 };
         if owed > MAX_OWED_REPLIES {
             return Err(self.shared.protocol(format!(
                 "the peer sent {MAX_OWED_REPLIES} frames that ask for an answer (pings, streams over the limit) without reading the answers"
             )));
         }
-        self.owed.set(owed);
+        self.owed.set((owed, written));
         let _ = w.write_or_push([o]);
         Ok(())
     }

@@ -21,7 +21,7 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -327,6 +327,8 @@ struct Slot {
 pub(crate) struct Writer {
     slot: Mutex<Slot>,
     queued: AtomicUsize,
+    /// Items the writer task has written so far.
+    written: AtomicU64,
     tx: mpsc::UnboundedSender<Out>,
     /// Streams open on the connection (kept by the connection).
     pub(crate) open_streams: AtomicUsize,
@@ -349,13 +351,16 @@ impl Writer {
         let slot = Slot { io: Some(io), leftover: BytesMut::new(), scratch: BytesMut::with_capacity(DIRECT_MAX) };
         let open_streams = AtomicUsize::new(0);
         let queued = AtomicUsize::new(0);
-        (Self { slot: Mutex::new(slot), queued, tx, open_streams, direct_streams, inline_payload }, rx)
+        let written = AtomicU64::new(0);
+        (Self { slot: Mutex::new(slot), queued, written, tx, open_streams, direct_streams, inline_payload }, rx)
     }
 
     /// Queues one item for the writer task.
-    /// Frames queued for the writer task (0: it has caught up).
-    pub(crate) fn backlog(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+    /// Frames queued for the writer task (0: it has caught up), and how
+    /// many it has written so far (a count that does not move while the
+    /// backlog stays: the peer is not reading).
+    pub(crate) fn backlog(&self) -> (usize, u64) {
+        (self.queued.load(Ordering::Acquire), self.written.load(Ordering::Acquire))
     }
 
     pub(crate) fn push(&self, o: Out) -> Result<(), ()> {
@@ -508,6 +513,7 @@ pub(crate) async fn run(
             let mut slot = w.slot();
             slot.io = Some(io);
             w.queued.fetch_sub(n_items, Ordering::AcqRel);
+            w.written.fetch_add(n_items as u64, Ordering::AcqRel);
         }
         result?;
     }

@@ -263,10 +263,11 @@ struct Lent {
     seg: SegmentWriter,
     /// Budget held until the peer reports the segment taken.
     permit: Option<OwnedSemaphorePermit>,
-    /// When sending the frame that names the segment failed (the stream
-    /// was reset or stopped): it may never reach the peer. None: it went,
-    /// and the peer reports the segment taken when it is read, or released
-    /// when the frame is dropped unread, however long that takes.
+    /// Since when the frame that names the segment has been waiting to
+    /// leave: it may never reach the peer (its send failed or was
+    /// cancelled), and expires after `segment_timeout`. None once the
+    /// frame left: the peer reports the segment taken when it is read, or
+    /// released when the frame is dropped unread, however long that takes.
     unsent_since: Option<Instant>,
 }
 
@@ -319,13 +320,13 @@ impl Shared {
         }
     }
 
-    /// The frames naming `ids` failed to send (they may never reach the
-    /// peer): their segments may expire.
-    fn unsent(&self, ids: &[u64]) {
+    /// The frames naming `ids` left (they are queued for the peer): their
+    /// segments no longer expire.
+    fn sent(&self, ids: &[u64]) {
         let mut lent = lock(&self.lent);
         for id in ids {
             if let Some(l) = lent.get_mut(id) {
-                l.unsent_since.get_or_insert_with(Instant::now);
+                l.unsent_since = None;
             }
         }
     }
@@ -377,7 +378,9 @@ impl Shared {
         let units = u32::try_from(n.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.budget_units);
         let permit = loop {
             match tokio::time::timeout(self.cfg.segment_timeout, self.budget.clone().acquire_many_owned(units)).await {
-                Ok(p) => break p.map_err(|_| std::io::Error::other("shared-memory budget closed"))?,
+                Ok(Ok(p)) => break p,
+                // The side channel ended: no segments any more.
+                Ok(Err(_closed)) => return Ok(None),
                 Err(_) => self.expire_stale(),
             }
         };
@@ -464,10 +467,10 @@ impl Shared {
         }
     }
 
-    /// Segments whose frame failed to leave and that the peer has not
-    /// taken within the timeout: budget back, segment forgotten. (A frame
-    /// that left is never expired: a slow receiver reads it late, and one
-    /// dropped unread is reported released by the peer's discard hook.)
+    /// Segments whose frame did not leave (its send failed or was
+    /// cancelled) within the timeout: budget back, segment forgotten. (A
+    /// frame that left is never expired: a slow receiver reads it late, and
+    /// one dropped unread is reported released by the peer's discard hook.)
     fn expire_stale(&self) {
         let timeout = self.cfg.segment_timeout;
         let mut lent = lock(&self.lent);
@@ -523,6 +526,9 @@ pub(crate) fn wrap(
         // fail from now on, and this side sends everything through the socket.
         let why = s.side.run(&*s).await;
         tracing::debug!(peer = %s.peer, reason = %why, "shared-memory side channel ended");
+        // Nothing lent comes back now: senders waiting for budget send
+        // through the socket instead of waiting forever.
+        s.budget.close();
     });
     Arc::new(ShmConnection { inner, shared, reader, transport })
 }
@@ -677,7 +683,8 @@ impl ShmSend {
         let Some(f) = self.take_pending() else { return Ok(Vec::new()) };
         let total = f.first.total_bytes;
         let id = f.id;
-        lock(&self.shared.lent).insert(id, Lent { seg: f.seg, permit: Some(f.permit), unsent_since: None });
+        let lent = Lent { seg: f.seg, permit: Some(f.permit), unsent_since: Some(Instant::now()) };
+        lock(&self.shared.lent).insert(id, lent);
         let mut head = f.first;
         head.index = 0;
         head.offset = 0;
@@ -718,8 +725,8 @@ impl SendStream for ShmSend {
             1 => self.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
             _ => self.inner.send_frames(frames, false).await,
         };
-        if r.is_err() {
-            self.shared.unsent(&ids);
+        if r.is_ok() {
+            self.shared.sent(&ids);
         }
         r
     }
@@ -740,8 +747,8 @@ impl SendStream for ShmSend {
         }
         let ids = segments_named(&out);
         let r = self.inner.send_frames(out, fin).await;
-        if r.is_err() {
-            self.shared.unsent(&ids);
+        if r.is_ok() {
+            self.shared.sent(&ids);
         }
         r
     }
@@ -798,7 +805,7 @@ pub(crate) fn discard_hook(side: &Arc<SideChannel>) -> DiscardHook {
             && c.shm_segment != 0
             && let Some(side) = side.upgrade()
         {
-            side.release(c.shm_segment);
+            side.release_unread(c.shm_segment);
         }
     })
 }
@@ -849,7 +856,7 @@ impl Drop for ShmRecv {
             && let Some(Kind::Chunk(c)) = &r.header.kind
             && c.shm_segment != 0
         {
-            self.shared.side.release(c.shm_segment);
+            self.shared.side.release_unread(c.shm_segment);
         }
     }
 }
@@ -871,7 +878,12 @@ impl RecvStream for ShmRecv {
         self.waiting = Some(r);
         let view = self.shared.side.view(id, len, self.shared.cfg.segment_timeout).await;
         let mut r = self.waiting.take().expect("kept above");
-        r.payload = Payload::Bytes(view.map_err(|e| self.shared.protocol(e))?);
+        let view = view.map_err(|e| {
+            // Not read: the segment goes back (if it did arrive).
+            self.shared.side.release_unread(id);
+            self.shared.protocol(e)
+        })?;
+        r.payload = Payload::Bytes(view);
         Ok(Some(r))
     }
 
