@@ -156,7 +156,14 @@ impl FrameReader {
                 let Payload::Bytes(p) = r.payload else {
                     return Err(self.protocol("a tensor's first chunk was placed without a placement buffer"));
                 };
-                self.read_tensor(c, p).await.map(Item::Tensor)
+                // A tensor in one chunk (every small call's) is done here,
+                // without the multi-chunk reader's future: boxed, it does
+                // not set the size of every caller's.
+                let first_tensor_id = c.tensor_id;
+                match self.first_chunk(c, p)? {
+                    Some(t) => Ok(Item::Tensor(t)),
+                    None => Box::pin(self.read_rest(first_tensor_id)).await.map(Item::Tensor),
+                }
             }
             Some(_) => Ok(Item::Control(r.header)),
             None => Err(self.protocol("frame without a header kind")),
@@ -175,13 +182,20 @@ impl FrameReader {
         Ok(())
     }
 
-    async fn read_tensor(&mut self, mut first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
+    /// Feeds a tensor's first chunk: the tensor when it was its only one,
+    /// None when more follow ([`Self::read_rest`]).
+    fn first_chunk(&mut self, mut first: v1::Chunk, p0: Bytes) -> Result<Option<Tensor>, CallError> {
         self.check_count()?;
         let step = self.asm.push(&mut first, p0).map_err(|e| self.chunk_error(e))?;
         self.count_progress(first.raw_len);
-        if let Step::Done(payload) = step {
-            return self.finish_tensor(payload);
+        match step {
+            Step::Done(payload) => self.finish_tensor(payload).map(Some),
+            _ => Ok(None),
         }
+    }
+
+    /// Reads the chunks after the first of tensor `tensor_id`.
+    async fn read_rest(&mut self, tensor_id: u64) -> Result<Tensor, CallError> {
         if !self.placement {
             loop {
                 let (mut c, payload) = self.next_chunk().await?;
@@ -196,7 +210,7 @@ impl FrameReader {
             }
         }
         // The transport writes the rest of the chunks straight into the buffer.
-        let placement = Placement::new(self.asm.lend(), first.tensor_id);
+        let placement = Placement::new(self.asm.lend(), tensor_id);
         self.recv.place(Some(placement.clone()));
         let result = self.read_placed(&placement).await;
         self.recv.place(None);
@@ -304,7 +318,12 @@ impl FrameReader {
             return Err(self.protocol("a tensor's first chunk was placed without a placement buffer"));
         };
         let Ok((info, dtype)) = self.plain(&c)? else {
-            return self.read_tensor(c, p).await.map(Pieces::Whole);
+            let tensor_id = c.tensor_id;
+            let t = match self.first_chunk(c, p)? {
+                Some(t) => t,
+                None => self.read_rest(tensor_id).await?,
+            };
+            return Ok(Pieces::Whole(t));
         };
         self.check_count()?;
         let nbytes = tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;

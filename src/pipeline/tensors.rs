@@ -87,7 +87,12 @@ impl TensorStream {
         if matches!(r, Some(Ok(_))) {
             return r;
         }
-        self.end(r).await
+        if self.sender.is_none() {
+            // Nothing to settle with (every call but an exchange): ended.
+            self.done = true;
+            return r;
+        }
+        Box::pin(self.end(r)).await
     }
 
     /// The next tensor written straight into `dst`, memory the caller owns
@@ -132,8 +137,8 @@ impl TensorStream {
             Some(r) => *r,
             None => match recv(None, &mut self.reader).await {
                 Ok(IntoItem::Tensor(x)) => return Some(Ok(x)),
-                Ok(IntoItem::End) => self.after(Item::End).await,
-                Ok(IntoItem::Control(h)) => self.after(Item::Control(h)).await,
+                Ok(IntoItem::End) => self.settle(Item::End).await,
+                Ok(IntoItem::Control(h)) => self.settle(Item::Control(h)).await,
                 Err(e) => Some(Err(e)),
             },
         };
@@ -200,34 +205,50 @@ impl TensorStream {
         r
     }
 
+    /// Reads until the next tensor or the end. (One read in a loop, not
+    /// nested reads: this future is part of every call's.)
     async fn step(&mut self) -> Option<Result<Tensor, CallError>> {
-        match self.reader.next().await {
-            Ok(item) => self.after(item).await,
-            Err(e) => Some(Err(e)),
+        loop {
+            let item = match self.reader.next().await {
+                Ok(item) => item,
+                Err(e) => return Some(Err(e)),
+            };
+            if let Some(r) = self.after(item) {
+                return r;
+            }
         }
     }
 
-    /// What `item`, read from the stream, means for its caller.
-    async fn after(&mut self, item: Item) -> Option<Result<Tensor, CallError>> {
-        match item {
+    /// [`Self::after`], reading on when `item` asks for it.
+    async fn settle(&mut self, item: Item) -> Option<Result<Tensor, CallError>> {
+        match self.after(item) {
+            Some(r) => r,
+            None => self.step().await,
+        }
+    }
+
+    /// What `item`, read from the stream, means for its caller; None: read
+    /// the next item (after the server's reply only the end may come).
+    fn after(&mut self, item: Item) -> Option<Option<Result<Tensor, CallError>>> {
+        if self.reply.is_some() {
+            return Some(match item {
+                Item::End => None,
+                _ => Some(Err(self.reader.protocol("frames after the reply"))),
+            });
+        }
+        Some(match item {
             Item::Tensor(t) => Some(Ok(t)),
-            Item::End if self.client_side && self.reply.is_none() => {
-                Some(Err(self.reader.protocol("the server ended the call without a reply")))
-            }
+            Item::End if self.client_side => Some(Err(self.reader.protocol("the server ended the call without a reply"))),
             Item::End => None,
             Item::Control(h) => match h.kind {
                 Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),
                 Some(Kind::Reply(r)) if self.client_side => {
                     self.reply = Some(r);
-                    match self.reader.next().await {
-                        Ok(Item::End) => None,
-                        Ok(_) => Some(Err(self.reader.protocol("frames after the reply"))),
-                        Err(e) => Some(Err(e)),
-                    }
+                    return None;
                 }
                 _ => Some(Err(self.reader.protocol(format!("unexpected {} frame among tensors", h.kind_name())))),
             },
-        }
+        })
     }
 
     /// Reads every remaining tensor.
