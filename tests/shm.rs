@@ -677,3 +677,39 @@ async fn a_slow_receiver_loses_no_segment_and_an_unread_one_comes_back() {
         assert_eq!(next.expect("budget came back").unwrap().received, 1);
     }
 }
+
+/// Two tensors that each need most of the segment budget, sent in one
+/// batch (the first one's small last chunk waits to leave with the
+/// second's first): the first leaves before the second waits for budget,
+/// so the receiver can take it and give the budget back (the second used
+/// to wait for budget the first, still unsent, held, until it expired
+/// after `segment_timeout`, 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_segment_tensors_never_waits_on_itself() {
+    let service = Slow::default();
+    let got = service.got.clone();
+    let (server, _dir) = start(tensorwire::Server::builder().service(service), "shm").await;
+    let mut cfg = tensorwire::ClientConfig::default();
+    cfg.transport.shm.max_in_flight = 4 << 20;
+    let client = Client::connect_with(&server.url(), cfg).await.unwrap();
+    let n = (2 << 20) + 1024;
+    let tensor = |i| random_tensor(DType::UInt8, &[n], i).unwrap();
+    // Quick sends of the size put a segment in the pool (the receiver
+    // drops each tensor, so its segment comes back).
+    for i in 0..6 {
+        client.send(vec![tensor(i)]).await.unwrap();
+        got.lock().unwrap().clear();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for round in 0..3u64 {
+        let sent = vec![tensor(10 + 2 * round), tensor(11 + 2 * round)];
+        let s = tokio::time::timeout(Duration::from_secs(20), client.send(sent.clone())).await;
+        assert_eq!(s.expect("no wait on itself").unwrap().received, 2);
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        assert_same(&sent[0], &got[0]);
+        assert_same(&sent[1], &got[1]);
+        if round == 2 {
+            assert!(got.iter().any(in_a_segment), "no tensor came through a segment");
+        }
+    }
+}

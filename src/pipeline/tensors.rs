@@ -238,7 +238,9 @@ impl TensorStream {
         }
         Some(match item {
             Item::Tensor(t) => Some(Ok(t)),
-            Item::End if self.client_side => Some(Err(self.reader.protocol("the server ended the call without a reply"))),
+            Item::End if self.client_side => {
+                Some(Err(self.reader.protocol("the server ended the call without a reply")))
+            }
             Item::End => None,
             Item::Control(h) => match h.kind {
                 Some(Kind::Error(e)) => Some(Err(CallError::Remote(Status::from_wire(&e)))),

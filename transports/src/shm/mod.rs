@@ -240,6 +240,8 @@ struct Shared {
     /// Budget units (1 MiB each) in all.
     budget_units: u32,
     next_segment: AtomicU64,
+    /// Numbers loans of segments ([`Lent::loan`]).
+    next_loan: AtomicU64,
     cfg: ShmConfig,
     peer: String,
     /// Our segments free for the next tensor.
@@ -263,11 +265,14 @@ struct Lent {
     seg: SegmentWriter,
     /// Budget held until the peer reports the segment taken.
     permit: Option<OwnedSemaphorePermit>,
-    /// Since when the frame that names the segment has been waiting to
-    /// leave: it may never reach the peer (its send failed or was
-    /// cancelled), and expires after `segment_timeout`. None once the
-    /// frame left: the peer reports the segment taken when it is read, or
-    /// released when the frame is dropped unread, however long that takes.
+    /// This loan's number (a segment is lent again after it comes back).
+    loan: u64,
+    /// Since when the frame that names the segment is known not to have
+    /// left (its send failed or was cancelled): it may never reach the
+    /// peer, and expires after `segment_timeout`. None while it is being
+    /// sent and once it left: the peer reports the segment taken when it
+    /// is read, or released when the frame is dropped unread, however long
+    /// that takes.
     unsent_since: Option<Instant>,
 }
 
@@ -308,6 +313,7 @@ impl Shared {
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
             next_segment: AtomicU64::new(1),
+            next_loan: AtomicU64::new(1),
             cfg: cfg.clone(),
             peer,
             pool: Mutex::new(Vec::new()),
@@ -320,13 +326,15 @@ impl Shared {
         }
     }
 
-    /// The frames naming `ids` left (they are queued for the peer): their
-    /// segments no longer expire.
-    fn sent(&self, ids: &[u64]) {
+    /// The frames naming these loans (segment id, loan) did not leave:
+    /// their segments may expire.
+    fn unsent(&self, loans: &[(u64, u64)]) {
         let mut lent = lock(&self.lent);
-        for id in ids {
-            if let Some(l) = lent.get_mut(id) {
-                l.unsent_since = None;
+        for (id, loan) in loans {
+            if let Some(l) = lent.get_mut(id)
+                && l.loan == *loan
+            {
+                l.unsent_since.get_or_insert_with(Instant::now);
             }
         }
     }
@@ -361,6 +369,17 @@ impl Shared {
     /// has as many live segments as the peer accepts, or when the tensor is
     /// too large to pool (over `max_in_flight`).
     async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
+        match self.acquire_or_fail(n).await {
+            // The side channel ended meanwhile: the socket, as after its end.
+            Err(_) if self.side.is_closed() => Ok(None),
+            r => r,
+        }
+    }
+
+    async fn acquire_or_fail(
+        &self,
+        n: u64,
+    ) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
         self.expire_stale();
         let forget = std::mem::take(&mut *lock(&self.forget));
         for id in forget {
@@ -538,7 +557,7 @@ impl Connection for ShmConnection {
     async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
         let (tx, rx) = self.inner.open_halves()?;
         Ok((
-            Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None }),
+            Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None, sending: Vec::new() }),
             Box::new(ShmRecv::new(rx, self.shared.clone())),
         ))
     }
@@ -547,7 +566,7 @@ impl Connection for ShmConnection {
         let (send, recv) = self.inner.accept_halves().await?;
         Ok(Incoming {
             kind: None,
-            send: Box::new(ShmSend { inner: send, shared: self.shared.clone(), pending: None }),
+            send: Box::new(ShmSend { inner: send, shared: self.shared.clone(), pending: None, sending: Vec::new() }),
             recv: Box::new(ShmRecv::new(recv, self.shared.clone())),
         })
     }
@@ -598,6 +617,31 @@ struct ShmSend {
     inner: MuxSend,
     shared: Arc<Shared>,
     pending: Option<Filling>,
+    /// Loans (segment id, loan) whose frames are being sent: if the send
+    /// fails or is dropped before it returns, they did not leave.
+    sending: Vec<(u64, u64)>,
+}
+
+/// Marks the loans of a send that did not return Ok as unsent (also when
+/// its future is dropped); [`Sending::done`] forgets them once they left.
+struct Sending<'a>(&'a mut ShmSend);
+
+impl Sending<'_> {
+    fn done(self, r: Result<(), StreamError>) -> Result<(), StreamError> {
+        if r.is_ok() {
+            self.0.sending.clear();
+        }
+        r
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if !self.0.sending.is_empty() {
+            let loans = std::mem::take(&mut self.0.sending);
+            self.0.shared.unsent(&loans);
+        }
+    }
 }
 
 impl ShmSend {
@@ -683,8 +727,10 @@ impl ShmSend {
         let Some(f) = self.take_pending() else { return Ok(Vec::new()) };
         let total = f.first.total_bytes;
         let id = f.id;
-        let lent = Lent { seg: f.seg, permit: Some(f.permit), unsent_since: Some(Instant::now()) };
+        let loan = self.shared.next_loan.fetch_add(1, Ordering::Relaxed);
+        let lent = Lent { seg: f.seg, permit: Some(f.permit), loan, unsent_since: None };
         lock(&self.shared.lent).insert(id, lent);
+        self.sending.push((id, loan));
         let mut head = f.first;
         head.index = 0;
         head.offset = 0;
@@ -718,39 +764,45 @@ impl ShmSend {
 #[async_trait]
 impl SendStream for ShmSend {
     async fn send(&mut self, frame: Frame) -> Result<(), StreamError> {
-        let frames = self.convert(frame).await?;
-        let ids = segments_named(&frames);
+        let g = Sending(self);
+        let frames = g.0.convert(frame).await?;
         let r = match frames.len() {
             0 => Ok(()),
-            1 => self.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
-            _ => self.inner.send_frames(frames, false).await,
+            1 => g.0.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
+            _ => g.0.inner.send_frames(frames, false).await,
         };
-        if r.is_ok() {
-            self.shared.sent(&ids);
-        }
-        r
+        g.done(r)
     }
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
         if self.passes_through(&frames) {
             return self.inner.send_frames(frames, fin).await;
         }
+        let g = Sending(self);
         let mut out = Vec::with_capacity(frames.len());
         for f in frames {
-            out.extend(self.convert(f).await?);
+            // A tensor that needs a segment waits for budget: what is
+            // converted so far leaves first (it may hold the budget wanted).
+            let needs_segment =
+                matches!(&f.header.kind, Some(Kind::Chunk(c)) if g.0.pending.is_none() && g.0.starts_segment(c));
+            if needs_segment && out.iter().any(names_segment) {
+                let r = g.0.inner.send_frames(std::mem::take(&mut out), false).await;
+                if r.is_err() {
+                    return g.done(r);
+                }
+                g.0.sending.clear();
+            }
+            out.extend(g.0.convert(f).await?);
         }
         if fin {
-            out.extend(self.fall_back()?);
+            out.extend(g.0.fall_back()?);
         }
         if out.is_empty() {
-            return if fin { self.inner.finish_now() } else { Ok(()) };
+            let r = if fin { g.0.inner.finish_now() } else { Ok(()) };
+            return g.done(r);
         }
-        let ids = segments_named(&out);
-        let r = self.inner.send_frames(out, fin).await;
-        if r.is_ok() {
-            self.shared.sent(&ids);
-        }
-        r
+        let r = g.0.inner.send_frames(out, fin).await;
+        g.done(r)
     }
 
     fn try_send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<Result<(), StreamError>, Vec<Frame>> {
@@ -783,15 +835,9 @@ impl Drop for ShmSend {
     }
 }
 
-/// The segments `frames` name (a tensor each).
-fn segments_named(frames: &[Frame]) -> Vec<u64> {
-    frames
-        .iter()
-        .filter_map(|f| match &f.header.kind {
-            Some(Kind::Chunk(c)) if c.shm_segment != 0 => Some(c.shm_segment),
-            _ => None,
-        })
-        .collect()
+/// Whether `f` names a segment (carries a tensor in one).
+fn names_segment(f: &Frame) -> bool {
+    matches!(&f.header.kind, Some(Kind::Chunk(c)) if c.shm_segment != 0)
 }
 
 /// What the mux connection under a shared-memory one does with a frame

@@ -48,6 +48,10 @@ const MAX_MAPPED_BYTES: u64 = 4 << 40;
 static MAPPED_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Releases queued for the side channel's task while its socket is full,
+/// at most (a peer has at most [`MAX_SEGMENTS`] segments lent at once).
+const RELEASES_QUEUED: usize = 4 * MAX_SEGMENTS;
+
 /// Messages to the peer wait at most this long for room in the socket: a
 /// peer that stops reading its side channel is cut off, not waited for.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -541,8 +545,8 @@ pub(crate) struct SideChannel {
     peer_segments: Mutex<PeerSegments>,
     arrived: Notify,
     closed: std::sync::atomic::AtomicBool,
-    released_tx: tokio::sync::mpsc::UnboundedSender<u64>,
-    released_rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<u64>>,
+    released_tx: tokio::sync::mpsc::Sender<u64>,
+    released_rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>,
 }
 
 /// What the reader loop reports about our own segments.
@@ -560,7 +564,7 @@ impl SideChannel {
             let fl = libc::fcntl(sock.as_raw_fd(), libc::F_GETFL);
             libc::fcntl(sock.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
-        let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (released_tx, released_rx) = tokio::sync::mpsc::channel(RELEASES_QUEUED);
         Ok(Self {
             // SAFETY: an OwnedFd's descriptor stays open and the same until
             // it is dropped, which only happens with the AsyncFd.
@@ -596,17 +600,17 @@ impl SideChannel {
             )
         };
         if n != msg.len() as isize {
-            let _ = self.released_tx.send(id);
+            // Queued for the reader task; past RELEASES_QUEUED the peer is
+            // not reading its side channel, and only it loses (its budget).
+            let _ = self.released_tx.try_send(id);
         }
     }
 
     /// [`Self::release`] for a frame dropped unread that names segment
-    /// `id`: only for a segment the peer passed (a frame naming anything
-    /// else was never the peer's to get back).
+    /// `id` (whether or not the segment has arrived yet: a frame may
+    /// overtake its segment; the peer ignores ids it did not lend).
     pub(crate) fn release_unread(&self, id: u64) {
-        if lock(&self.peer_segments).map.contains_key(&id) {
-            self.release(id);
-        }
+        self.release(id);
     }
 
     /// Handles every message already waiting, without blocking (the writer
