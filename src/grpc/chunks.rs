@@ -90,7 +90,15 @@ impl Assembler {
             return Err(bad(format!("tensor {}: chunk {} has no data", c.tensor_id, c.chunk_number)));
         }
         let len = c.data.len() as u64;
-        let cost = len + CHUNK_OVERHEAD;
+        // The id (the map's key) and the metadata kept with the tensor
+        // count too: a 1-byte chunk may carry megabytes of either.
+        let (new_id, keeps_metadata) = match self.partial.get(&c.tensor_id) {
+            None => (c.tensor_id.len() as u64, true),
+            Some(p) => (0, p.metadata.is_empty()),
+        };
+        let kept_metadata: u64 =
+            if keeps_metadata { c.metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum() } else { 0 };
+        let cost = len + CHUNK_OVERHEAD + new_id + kept_metadata;
         if self.buffered + cost > self.max_bytes {
             return Err(Status::new(
                 Code::ResourceExhausted,
@@ -292,6 +300,19 @@ mod tests {
         a.finish().unwrap();
     }
 
+    /// A tensor's id and metadata count against the limit: a one-byte
+    /// chunk with megabytes of metadata is refused.
+    #[test]
+    fn ids_and_metadata_count() {
+        let mut a = Assembler::new(1 << 20, None);
+        let mut c = chunk("x", 0, 2, b"a");
+        c.metadata.insert("k".into(), "v".repeat(2 << 20));
+        assert_eq!(a.push(c).unwrap_err().code, Code::ResourceExhausted);
+        let c = TensorChunk { tensor_id: "i".repeat(2 << 20), ..chunk("x", 0, 2, b"a") };
+        assert_eq!(a.push(c).unwrap_err().code, Code::ResourceExhausted);
+        assert!(a.push(chunk("x", 0, 2, b"a")).unwrap().is_none());
+    }
+
     #[test]
     fn bad_chunks_are_refused() {
         let mut a = Assembler::new(2 * (1 + CHUNK_OVERHEAD), None);
@@ -306,17 +327,19 @@ mod tests {
 
     #[test]
     fn one_budget_bounds_every_call_and_counts_the_overhead() {
-        let budget = MemoryBudget::new(3 * (100 + CHUNK_OVERHEAD));
+        // Room for three such chunks and two one-byte ids.
+        let budget = MemoryBudget::new(3 * (100 + CHUNK_OVERHEAD) + 2);
         let mut a = Assembler::new(1 << 20, Some(&budget));
         let mut b = Assembler::new(1 << 20, Some(&budget));
         assert!(a.push(chunk("x", 0, 3, &[1; 100])).unwrap().is_none());
         assert!(a.push(chunk("x", 1, 3, &[1; 100])).unwrap().is_none());
-        assert_eq!(budget.used(), 2 * (100 + CHUNK_OVERHEAD));
+        // (The tensor's id, "x", counts once.)
+        assert_eq!(budget.used(), 2 * (100 + CHUNK_OVERHEAD) + 1);
         let e = b.push(chunk("y", 0, 3, &[1; 200])).unwrap_err();
         assert_eq!(e.code, Code::ResourceExhausted, "{e}");
         assert!(b.push(chunk("y", 0, 3, &[1; 100])).unwrap().is_none());
         drop(a);
-        assert_eq!(budget.used(), 100 + CHUNK_OVERHEAD, "a dropped call gives its reservation back");
+        assert_eq!(budget.used(), 100 + CHUNK_OVERHEAD + 1, "a dropped call gives its reservation back");
         assert!(b.push(chunk("y", 1, 3, &[1; 1])).unwrap().is_none());
         assert!(b.push(chunk("y", 2, 3, &[1; 1])).unwrap().is_some());
         assert_eq!(budget.used(), 0, "a finished tensor leaves the reassembly budget");

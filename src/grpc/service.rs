@@ -190,8 +190,15 @@ impl CompatApi for Compat {
                 break;
             }
         }
-        fed?;
-        outcome?;
+        match (fed, outcome) {
+            // The handler failed (refused the call, say) and the feed then
+            // found its stream stopped: the handler's reason is the answer.
+            // (A handler cut off by a failed feed says CANCELLED: the
+            // feed's reason is the answer then.)
+            (Err(_), Err(o)) if o.code() != tonic::Code::Cancelled => return Err(o),
+            (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+            (Ok(_), Ok(())) => {}
+        }
         let reply = output.reply().cloned().unwrap_or_default();
         Ok(Response::new(TensorResponse {
             success: true,
