@@ -168,7 +168,8 @@ impl PeerSegments {
         }
     }
 
-    /// Unmaps every segment (the side channel ended).
+    /// Unmaps every segment.
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
     pub(crate) fn clear(&mut self) {
         self.map.clear();
     }
@@ -697,7 +698,9 @@ impl SideChannel {
         // Tell the peer at once (it may still hold our end open otherwise).
         // SAFETY: shutdown on our own socket.
         unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
-        lock(&self.peer_segments).clear();
+        // The peer's segments stay mapped (until the connection goes):
+        // frames naming them may still be queued unread here, the end of a
+        // reply the peer sent just before it closed, say.
         self.arrived.notify_waiters();
         reason
     }
