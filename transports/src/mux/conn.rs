@@ -405,4 +405,26 @@ mod tests {
         .await;
         assert!(ended.is_ok(), "the server kept answering a peer that reads nothing");
     }
+
+    /// A receiver dropped before its stream sent anything (no id yet, so
+    /// no STOP then) stops the peer once the stream opens.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_receiver_dropped_before_the_first_send_stops_the_peer() {
+        let (client, server) = pair(None).await;
+        let (mut tx, rx) = client.open_halves().unwrap();
+        drop(rx);
+        tx.try_send_frames(vec![chunk(0)], false).unwrap().unwrap();
+        let (mut stx, _srx) = server.accept_halves().await.unwrap();
+        let stopped = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(e) = stx.send_inner(chunk(1), false).await {
+                    return e;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the peer is stopped, not left sending");
+        assert!(matches!(stopped, StreamError::Stopped { .. }), "{stopped}");
+    }
 }

@@ -207,6 +207,11 @@ impl MuxSend {
         sh.count_streams(&st);
         let r = sh.writer.write_or_push(frames(id));
         drop(st);
+        // A receiver dropped before the stream had an id could not say
+        // STOP: it says it now, so the peer does not send what nobody reads.
+        if r.is_ok() && lock(&s.inner).state.recv_half() == super::state::RecvHalf::Dropped {
+            let _ = sh.writer.write_or_push([Out::Stop { id, code: code::CANCELLED }]);
+        }
         r.map_err(fail)
     }
 }
