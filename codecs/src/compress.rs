@@ -228,20 +228,6 @@ fn unshuffle_n<const E: usize>(input: &[u8], out: &mut [u8], n: usize) {
     }
 }
 
-/// Makes `scratch` `n` bytes long; a failed allocation is an error, not
-/// an abort (`n` comes from a peer's chunk header).
-pub(crate) fn grow_scratch(scratch: &mut Vec<u8>, n: usize) -> Result<(), DecodeError> {
-    if scratch.capacity() < n {
-        scratch.clear();
-        scratch.try_reserve_exact(n).map_err(|_| DecodeError::Decompress {
-            compression: "scratch",
-            reason: format!("cannot allocate {n} bytes to decode a chunk into"),
-        })?;
-    }
-    scratch.resize(n, 0);
-    Ok(())
-}
-
 /// Compresses chunks, reusing its buffers and zstd context between calls.
 #[derive(Default)]
 pub struct Compressor {
@@ -401,7 +387,7 @@ impl Decompressor {
         let shuffled = shuffle_elem > 1;
         let mut scratch = std::mem::take(&mut self.scratch);
         if shuffled {
-            grow_scratch(&mut scratch, out.len())?;
+            crate::scratch::grow(&mut scratch, out.len())?;
         }
         let dst: &mut [u8] = if shuffled { &mut scratch } else { out };
         let result = self.decompress_raw(compression, input, dst);

@@ -65,6 +65,7 @@ pub mod raw;
 mod registry;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
+mod scratch;
 pub mod tensor;
 #[cfg(feature = "torch")]
 pub mod torch;

@@ -195,7 +195,7 @@ pub(crate) fn decode(
             input.len()
         )));
     }
-    crate::compress::grow_scratch(scratch, n * elem)?;
+    crate::scratch::grow(scratch, n * elem)?;
     let mut at = header_len(elem);
     for (b, (method, len)) in planes.into_iter().enumerate() {
         let src = &input[at..at + len];
