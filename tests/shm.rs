@@ -713,3 +713,57 @@ async fn a_batch_of_segment_tensors_never_waits_on_itself() {
         }
     }
 }
+
+/// Tensors a peer sent in segments just before it closed its connection
+/// arrive whole: the peer's side channel ends first, but its segments stay
+/// mapped here, and a TAKEN that can no longer be reported does not fail
+/// the read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_sent_in_segments_just_before_a_close_arrive() {
+    let (url, _dir) = listen_url("shm");
+    let ep = transports::Endpoint::parse(&url).unwrap();
+    let cfg = transports::TransportConfig::default();
+    let mut listener = transports::listen(&ep, &cfg).await.unwrap();
+    let ep = listener.local_endpoint();
+    let (client, server) = tokio::join!(transports::connect(&ep, &cfg), listener.accept());
+    let (client, server) = (client.unwrap(), server.unwrap());
+    let (mut ctx, mut crx) = client.open(StreamKind::Fetch).await.unwrap();
+    ctx.send(Frame::header_only(FrameHeader::new(Kind::Request(Box::default())))).await.unwrap();
+    let inc = server.accept().await.unwrap();
+    let (mut stx, mut srx) = (inc.send, inc.recv);
+    assert!(srx.recv().await.unwrap().is_some());
+    let n = 1usize << 20;
+    let info = v1::TensorInfo { dtype: v1::Dtype::Uint8 as i32, shape: vec![n as u64], ..Default::default() };
+    let payloads: Vec<bytes::Bytes> = (0..6u8).map(|i| bytes::Bytes::from(vec![i; n])).collect();
+    for (i, p) in payloads.iter().enumerate() {
+        let c = v1::Chunk {
+            tensor_id: i as u64 + 1,
+            total_bytes: n as u64,
+            raw_len: n as u64,
+            last: true,
+            info: Some(Box::new(info.clone())),
+            compression: v1::Compression::None as i32,
+            ..Default::default()
+        };
+        stx.send(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: p.clone() }).await.unwrap();
+        // (The sender makes a segment for a size after a repeated miss,
+        // in the background.)
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stx.finish().await.unwrap();
+    drop((stx, srx));
+    server.close("done");
+    drop(server);
+    drop(listener);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut in_segments = 0;
+    for p in &payloads {
+        let r = tokio::time::timeout(Duration::from_secs(10), crx.recv()).await.expect("no hang");
+        let r = r.expect("the frame arrives").expect("not the end yet");
+        let Some(Kind::Chunk(c)) = &r.header.kind else { panic!("a chunk") };
+        in_segments += usize::from(c.shm_segment != 0);
+        let transports::Payload::Bytes(b) = r.payload else { panic!("bytes") };
+        assert!(b == *p, "tensor {} changed", c.tensor_id);
+    }
+    assert!(in_segments > 0, "no tensor came through a segment");
+}

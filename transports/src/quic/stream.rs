@@ -252,9 +252,10 @@ impl SendStream for QuicSend {
 
     async fn send_batch(&mut self, frames: Vec<Frame>, fin: bool) -> Result<(), StreamError> {
         let mut chunks = Vec::with_capacity(frames.len() * 2);
-        for f in frames {
-            // The head carries the header's length in 24 bits and the
-            // payload's in 32: a larger one would be misread by the peer.
+        // The head carries the header's length in 24 bits and the
+        // payload's in 32: a larger one would be misread by the peer.
+        // Checked for the whole batch before any of it is written.
+        for f in &frames {
             let meta_len = tensorwire_proto::header::encoded_len(&f.header);
             if meta_len > MAX_META as usize || u32::try_from(f.payload.len()).is_err() {
                 return Err(StreamError::Protocol {
@@ -265,6 +266,8 @@ impl SendStream for QuicSend {
                     ),
                 });
             }
+        }
+        for f in frames {
             let s = self.pick(f.payload.len());
             chunks.push(head(&f, s));
             if s == 0 {

@@ -267,9 +267,9 @@ struct Lent {
     permit: Option<OwnedSemaphorePermit>,
     /// This loan's number (a segment is lent again after it comes back).
     loan: u64,
-    /// Since when the frame that names the segment is known not to have
-    /// left (its send failed or was cancelled): it may never reach the
-    /// peer, and expires after `segment_timeout`. None while it is being
+    /// Since when the frame that names the segment may not have left (its
+    /// send failed or was dropped before it returned): it may never reach
+    /// the peer, and expires after `segment_timeout`. None while it is being
     /// sent and once it left: the peer reports the segment taken when it
     /// is read, or released when the frame is dropped unread, however long
     /// that takes.
@@ -370,9 +370,16 @@ impl Shared {
     /// too large to pool (over `max_in_flight`).
     async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
         match self.acquire_or_fail(n).await {
-            // The side channel ended meanwhile: the socket, as after its end.
-            Err(_) if self.side.is_closed() => Ok(None),
-            r => r,
+            Ok(r) => Ok(r),
+            // The side channel failed (the peer closed it, stopped reading
+            // it, or broke its protocol): no more segments on this
+            // connection; this tensor and the next go through the socket.
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "shared-memory side channel unusable");
+                self.side.mark_unusable();
+                self.budget.close();
+                Ok(None)
+            }
         }
     }
 

@@ -546,6 +546,9 @@ pub(crate) struct SideChannel {
     peer_segments: Mutex<PeerSegments>,
     arrived: Notify,
     closed: std::sync::atomic::AtomicBool,
+    /// Set when an operation of ours on the channel failed: no more
+    /// segments are sent through it (the peer's still arrive while it runs).
+    unusable: std::sync::atomic::AtomicBool,
     released_tx: tokio::sync::mpsc::Sender<u64>,
     released_rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>,
 }
@@ -573,14 +576,23 @@ impl SideChannel {
             peer_segments: Mutex::new(PeerSegments::new(max_segment)),
             arrived: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
+            unusable: std::sync::atomic::AtomicBool::new(false),
             released_tx,
             released_rx: tokio::sync::Mutex::new(released_rx),
         })
     }
 
-    /// True once the side channel has ended.
+    /// Marks the side channel unusable for sending (an operation of ours
+    /// on it failed): no new segments go through it; the peer's segments
+    /// still arrive while it runs, and those mapped stay readable.
+    pub(crate) fn mark_unusable(&self) {
+        self.unusable.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True once the side channel has ended, or failed us.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
+            || self.unusable.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Reports that every view of the peer's segment `id` was dropped: at
@@ -724,7 +736,12 @@ impl SideChannel {
             }
         };
         if let Err(e) = self.send(SideMsg::Taken(id), None).await {
-            return Err(format!("segment {id}: {e}"));
+            // The segment is mapped and its bytes are here: the reader gets
+            // them. Only the sender's budget waits for the TAKEN, and a
+            // side channel that cannot carry it is ending (the sender then
+            // stops using segments).
+            tracing::debug!(segment = id, error = %e, "could not report a segment taken");
+            self.mark_unusable();
         }
         Ok(Bytes::from_owner(View { seg, len: len as usize, id, side: Arc::downgrade(self) }))
     }
