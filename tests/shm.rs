@@ -747,8 +747,9 @@ async fn tensors_sent_in_segments_just_before_a_close_arrive() {
         };
         stx.send(Frame { header: FrameHeader::new(Kind::Chunk(c)), payload: p.clone() }).await.unwrap();
         // (The sender makes a segment for a size after a repeated miss,
-        // in the background.)
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // in the background: time for it. 6 MiB stays within the stream's
+        // window whichever way the tensors go.)
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stx.finish().await.unwrap();
     drop((stx, srx));

@@ -372,11 +372,11 @@ impl Shared {
         match self.acquire_or_fail(n).await {
             Ok(r) => Ok(r),
             // The side channel failed (the peer closed it, stopped reading
-            // it, or broke its protocol): no more segments on this
-            // connection; this tensor and the next go through the socket.
+            // it, or broke its protocol): it is ended, as its reader ends it
+            // on such errors; this tensor and the next go through the socket.
             Err(e) => {
-                tracing::debug!(peer = %self.peer, error = %e, "shared-memory side channel unusable");
-                self.side.mark_unusable();
+                tracing::debug!(peer = %self.peer, error = %e, "shared-memory side channel failed");
+                self.side.end();
                 self.budget.close();
                 Ok(None)
             }

@@ -546,9 +546,6 @@ pub(crate) struct SideChannel {
     peer_segments: Mutex<PeerSegments>,
     arrived: Notify,
     closed: std::sync::atomic::AtomicBool,
-    /// Set when an operation of ours on the channel failed: no more
-    /// segments are sent through it (the peer's still arrive while it runs).
-    unusable: std::sync::atomic::AtomicBool,
     released_tx: tokio::sync::mpsc::Sender<u64>,
     released_rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>,
 }
@@ -576,23 +573,25 @@ impl SideChannel {
             peer_segments: Mutex::new(PeerSegments::new(max_segment)),
             arrived: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
-            unusable: std::sync::atomic::AtomicBool::new(false),
             released_tx,
             released_rx: tokio::sync::Mutex::new(released_rx),
         })
     }
 
-    /// Marks the side channel unusable for sending (an operation of ours
-    /// on it failed): no new segments go through it; the peer's segments
-    /// still arrive while it runs, and those mapped stay readable.
-    pub(crate) fn mark_unusable(&self) {
-        self.unusable.store(true, std::sync::atomic::Ordering::Release);
+    /// Ends the side channel (as its reader does when it fails): no more
+    /// segments either way, and the peer learns it at once (its reader
+    /// sees the end, it stops lending and sends through the socket).
+    /// Segments already mapped stay readable.
+    pub(crate) fn end(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        // SAFETY: shutdown on our own socket.
+        unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+        self.arrived.notify_waiters();
     }
 
-    /// True once the side channel has ended, or failed us.
+    /// True once the side channel has ended.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
-            || self.unusable.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Reports that every view of the peer's segment `id` was dropped: at
@@ -706,14 +705,11 @@ impl SideChannel {
                 break e;
             }
         };
-        self.closed.store(true, std::sync::atomic::Ordering::Release);
         // Tell the peer at once (it may still hold our end open otherwise).
-        // SAFETY: shutdown on our own socket.
-        unsafe { libc::shutdown(self.sock.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
         // The peer's segments stay mapped (until the connection goes):
         // frames naming them may still be queued unread here, the end of a
         // reply the peer sent just before it closed, say.
-        self.arrived.notify_waiters();
+        self.end();
         reason
     }
 
@@ -737,11 +733,11 @@ impl SideChannel {
         };
         if let Err(e) = self.send(SideMsg::Taken(id), None).await {
             // The segment is mapped and its bytes are here: the reader gets
-            // them. Only the sender's budget waits for the TAKEN, and a
-            // side channel that cannot carry it is ending (the sender then
-            // stops using segments).
+            // them. Only the sender's budget waits for the TAKEN: a side
+            // channel that cannot carry it is ended (the sender then stops
+            // lending and sends through the socket).
             tracing::debug!(segment = id, error = %e, "could not report a segment taken");
-            self.mark_unusable();
+            self.end();
         }
         Ok(Bytes::from_owner(View { seg, len: len as usize, id, side: Arc::downgrade(self) }))
     }
