@@ -156,14 +156,7 @@ impl FrameReader {
                 let Payload::Bytes(p) = r.payload else {
                     return Err(self.protocol("a tensor's first chunk was placed without a placement buffer"));
                 };
-                // A tensor in one chunk (every small call's) is done here,
-                // without the multi-chunk reader's future: boxed, it does
-                // not set the size of every caller's.
-                let first_tensor_id = c.tensor_id;
-                match self.first_chunk(c, p)? {
-                    Some(t) => Ok(Item::Tensor(t)),
-                    None => Box::pin(self.read_rest(first_tensor_id)).await.map(Item::Tensor),
-                }
+                self.read_tensor(c, p).await.map(Item::Tensor)
             }
             Some(_) => Ok(Item::Control(r.header)),
             None => Err(self.protocol("frame without a header kind")),
@@ -180,6 +173,18 @@ impl FrameReader {
             });
         }
         Ok(())
+    }
+
+    /// The tensor whose first chunk is `first`. A tensor in one chunk
+    /// (every small call's) is done at once; the rest of a larger one is
+    /// read by a boxed future, which then does not set the size of every
+    /// caller's.
+    async fn read_tensor(&mut self, first: v1::Chunk, p0: Bytes) -> Result<Tensor, CallError> {
+        let tensor_id = first.tensor_id;
+        match self.first_chunk(first, p0)? {
+            Some(t) => Ok(t),
+            None => Box::pin(self.read_rest(tensor_id)).await,
+        }
     }
 
     /// Feeds a tensor's first chunk: the tensor when it was its only one,
@@ -318,12 +323,7 @@ impl FrameReader {
             return Err(self.protocol("a tensor's first chunk was placed without a placement buffer"));
         };
         let Ok((info, dtype)) = self.plain(&c)? else {
-            let tensor_id = c.tensor_id;
-            let t = match self.first_chunk(c, p)? {
-                Some(t) => t,
-                None => self.read_rest(tensor_id).await?,
-            };
-            return Ok(Pieces::Whole(t));
+            return self.read_tensor(c, p).await.map(Pieces::Whole);
         };
         self.check_count()?;
         let nbytes = tensorwire_codecs::limits::check_shape(dtype, &info.shape, &self.limits.decode_limits())?;

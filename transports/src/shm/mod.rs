@@ -368,9 +368,9 @@ impl Shared {
     /// the background for the next tensor), or when this connection already
     /// has as many live segments as the peer accepts, or when the tensor is
     /// too large to pool (over `max_in_flight`).
-    async fn acquire(&self, n: u64) -> Result<Option<(u64, SegmentWriter, OwnedSemaphorePermit)>, std::io::Error> {
+    async fn acquire(&self, n: u64) -> Option<(u64, SegmentWriter, OwnedSemaphorePermit)> {
         match self.acquire_or_fail(n).await {
-            Ok(r) => Ok(r),
+            Ok(r) => r,
             // The side channel failed (the peer closed it, stopped reading
             // it, or broke its protocol): it is ended, as its reader ends it
             // on such errors; this tensor and the next go through the socket.
@@ -378,7 +378,7 @@ impl Shared {
                 tracing::debug!(peer = %self.peer, error = %e, "shared-memory side channel failed");
                 self.side.end();
                 self.budget.close();
-                Ok(None)
+                None
             }
         }
     }
@@ -702,9 +702,7 @@ impl ShmSend {
             // gives budget back only as it reads (or drops) what was lent.
             let mux = self.inner.shared.clone();
             let acquired = tokio::select! {
-                a = self.shared.acquire(c.total_bytes) => {
-                    a.map_err(|e| self.shared.protocol(format!("no shared-memory segment: {e}")))?
-                }
+                a = self.shared.acquire(c.total_bytes) => a,
                 _ = mux.wait_closed() => return Err(mux.error()),
             };
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
@@ -851,14 +849,14 @@ fn names_segment(f: &Frame) -> bool {
 /// dropped unread (its stream reset, its receiver gone): a frame naming a
 /// segment reports that segment released, so the peer gets its budget and
 /// segment back now instead of never.
-pub(crate) fn discard_hook(side: &Arc<SideChannel>) -> DiscardHook {
+fn discard_hook(side: &Arc<SideChannel>) -> DiscardHook {
     let side = Arc::downgrade(side);
     Box::new(move |h: &FrameHeader| {
         if let Some(Kind::Chunk(c)) = &h.kind
             && c.shm_segment != 0
             && let Some(side) = side.upgrade()
         {
-            side.release_unread(c.shm_segment);
+            side.release(c.shm_segment);
         }
     })
 }
@@ -909,7 +907,7 @@ impl Drop for ShmRecv {
             && let Some(Kind::Chunk(c)) = &r.header.kind
             && c.shm_segment != 0
         {
-            self.shared.side.release_unread(c.shm_segment);
+            self.shared.side.release(c.shm_segment);
         }
     }
 }
@@ -933,7 +931,7 @@ impl RecvStream for ShmRecv {
         let mut r = self.waiting.take().expect("kept above");
         let view = view.map_err(|e| {
             // Not read: the segment goes back (if it did arrive).
-            self.shared.side.release_unread(id);
+            self.shared.side.release(id);
             self.shared.protocol(e)
         })?;
         r.payload = Payload::Bytes(view);
@@ -1000,24 +998,24 @@ mod tests {
         let side = Arc::new(SideChannel::new(ours, 1 << 40).unwrap());
         let shared = Shared::new(side, &ShmConfig::default(), "test".into());
         let n = 3 << 20;
-        assert!(shared.acquire(n).await.unwrap().is_none(), "the first tensor goes through the socket");
+        assert!(shared.acquire(n).await.is_none(), "the first tensor goes through the socket");
         assert!(!shared.warming.load(Ordering::Acquire) && lock(&shared.warmed).is_none(), "a one-shot warms nothing");
-        assert!(shared.acquire(n).await.unwrap().is_none(), "so does the second");
+        assert!(shared.acquire(n).await.is_none(), "so does the second");
         warmed(&shared).await;
-        let (id, seg, permit) = shared.acquire(n).await.unwrap().expect("the warmed segment");
+        let (id, seg, permit) = shared.acquire(n).await.expect("the warmed segment");
         assert!(seg.len() as u64 >= n);
         assert_eq!(announced(&theirs), id, "passed to the peer before use");
         drop(permit);
         shared.give_back(id, seg);
-        let (again, _, _) = shared.acquire(n).await.unwrap().expect("the pooled segment");
+        let (again, _, _) = shared.acquire(n).await.expect("the pooled segment");
         assert_eq!(again, id);
 
         // A warmed segment that does not fit the next tensor goes to the
         // pool (announced) and another is warmed for the new size.
-        assert!(shared.acquire(64 << 20).await.unwrap().is_none());
-        assert!(shared.acquire(64 << 20).await.unwrap().is_none());
+        assert!(shared.acquire(64 << 20).await.is_none());
+        assert!(shared.acquire(64 << 20).await.is_none());
         warmed(&shared).await;
-        assert!(shared.acquire(1 << 20).await.unwrap().is_none());
+        assert!(shared.acquire(1 << 20).await.is_none());
         let big = announced(&theirs);
         assert!(lock(&shared.pool).iter().any(|(id, s)| *id == big && s.len() == 64 << 20));
     }
@@ -1032,7 +1030,7 @@ mod tests {
         // segment (each would be fresh memory beside the sender's tensor),
         // never one warmed, and no budget held while deciding.
         for _ in 0..3 {
-            assert!(shared.acquire(5 << 20).await.unwrap().is_none());
+            assert!(shared.acquire(5 << 20).await.is_none());
         }
         assert!(!shared.warming.load(Ordering::Acquire) && lock(&shared.warmed).is_none());
         assert_eq!(shared.budget.available_permits(), shared.budget_units as usize);
@@ -1040,10 +1038,10 @@ mod tests {
         let nothing = recv_with_fd(theirs.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT);
         assert!(nothing.is_err(), "no segment may be announced to the peer");
         // A poolable size still gets segments once it repeats.
-        assert!(shared.acquire(1 << 20).await.unwrap().is_none());
-        assert!(shared.acquire(1 << 20).await.unwrap().is_none());
+        assert!(shared.acquire(1 << 20).await.is_none());
+        assert!(shared.acquire(1 << 20).await.is_none());
         warmed(&shared).await;
-        let (id, seg, _permit) = shared.acquire(1 << 20).await.unwrap().expect("the warmed segment");
+        let (id, seg, _permit) = shared.acquire(1 << 20).await.expect("the warmed segment");
         assert!(seg.len() >= 1 << 20);
         assert_eq!(announced(&theirs), id);
     }

@@ -594,8 +594,10 @@ impl SideChannel {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Reports that every view of the peer's segment `id` was dropped: at
-    /// once when the socket has room (so the report is on its way before
+    /// Reports the peer's segment `id` released (every view dropped, or
+    /// its frame dropped unread, whether or not the segment has arrived
+    /// yet: a frame may overtake it; the peer ignores ids it did not lend):
+    /// at once when the socket has room (so the report is on its way before
     /// anything the caller sends next), else through the reader task.
     pub(crate) fn release(&self, id: u64) {
         if self.is_closed() {
@@ -616,13 +618,6 @@ impl SideChannel {
             // not reading its side channel, and only it loses (its budget).
             let _ = self.released_tx.try_send(id);
         }
-    }
-
-    /// [`Self::release`] for a frame dropped unread that names segment
-    /// `id` (whether or not the segment has arrived yet: a frame may
-    /// overtake its segment; the peer ignores ids it did not lend).
-    pub(crate) fn release_unread(&self, id: u64) {
-        self.release(id);
     }
 
     /// Handles every message already waiting, without blocking (the writer
