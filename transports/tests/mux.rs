@@ -124,6 +124,63 @@ async fn sixty_four_concurrent_streams() {
     }
 }
 
+/// Small frames are views of the reader's buffer, which is reused once
+/// every frame cut from it is dropped: frames held while many buffers' worth
+/// go by (and others are dropped at once) must come out intact.
+#[tokio::test]
+async fn frames_held_across_many_read_buffers_stay_intact() {
+    const FRAMES: usize = 40;
+    let p = pair("unix", TransportConfig::default()).await;
+    let server = p.server.clone();
+    tokio::spawn(async move {
+        while let Ok(mut inc) = server.accept().await {
+            tokio::spawn(async move {
+                let mut held = vec![];
+                let mut bad = 0u64;
+                while let Some(r) = inc.recv.recv().await.unwrap() {
+                    let Payload::Bytes(b) = r.payload else { panic!("no placement registered") };
+                    let Some(HKind::Chunk(c)) = r.header.kind.clone() else { panic!("a chunk") };
+                    // The sender's seed rides in the chunk's offset; even
+                    // seeds' streams keep every frame until their end.
+                    if c.offset % 2 == 0 {
+                        held.push((c.offset, b));
+                    } else if b != data(b.len(), c.offset as u8) {
+                        bad += 1;
+                    }
+                }
+                bad += held.iter().filter(|(seed, b)| *b != data(b.len(), *seed as u8)).count() as u64;
+                let reply = Bytes::copy_from_slice(&bad.to_le_bytes());
+                inc.send.send_last(Frame { header: chunk_header(0, 8), payload: reply }).await.unwrap();
+            });
+        }
+    });
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let c = p.client.clone();
+            tokio::spawn(async move {
+                let (mut tx, mut rx) = c.open(StreamKind::Send).await.unwrap();
+                for k in 0..FRAMES {
+                    // Odd sizes: frames straddle the ends of read buffers.
+                    let len = 3000 + 17 * k + i as usize;
+                    let h = chunk_header(i, len as u64);
+                    tx.send(Frame { header: h, payload: data(len, i as u8) }).await.unwrap();
+                }
+                tx.finish().await.unwrap();
+                let r = rx.recv().await.unwrap().unwrap();
+                let Payload::Bytes(b) = r.payload else { panic!() };
+                assert_eq!(
+                    u64::from_le_bytes(b[..].try_into().unwrap()),
+                    0,
+                    "stream {i}: frames changed under their reader"
+                );
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn slow_reader_bounds_what_the_sender_puts_in_flight() {
     let cfg = TransportConfig { stream_window: 1 << 20, ..Default::default() };

@@ -35,6 +35,12 @@ use crate::{FrameHeader, Payload, Received, StreamError};
 /// read into their own allocation, past the buffer.
 const READ_BUF: usize = 64 << 10;
 
+/// Full read buffers kept for reuse once every frame cut from them is
+/// dropped (see [`Reader::make_room`]): a connection holds at most this
+/// many more than the one it reads into, enough for 64 calls in flight
+/// whose 4 KiB answers wait in their streams.
+const SPARE_BUFS: usize = 8;
+
 /// How long a connection closed on this side keeps reading (and dropping)
 /// what the peer still sends, waiting for the peer to close its side.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
@@ -93,6 +99,8 @@ struct Reader<'a, R> {
     shared: &'a Arc<Shared>,
     rd: R,
     buf: BytesMut,
+    /// Earlier read buffers, some of their frames perhaps still held.
+    spare: Vec<BytesMut>,
     dec: Decoder,
     accept: &'a Accepted,
     /// Answers to the peer's frames (pongs, refusals) queued since the
@@ -111,6 +119,7 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
         shared,
         rd,
         buf: BytesMut::with_capacity(READ_BUF),
+        spare: Vec::new(),
         dec: Decoder::new(shared.limits),
         accept,
         owed: Cell::new((0, 0)),
@@ -198,12 +207,42 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
     async fn read_more(&mut self, want: usize) -> Result<bool, StreamError> {
         let spare = self.buf.capacity() - self.buf.len();
         if spare < want || spare < 4096 {
-            self.buf.reserve(want.max(READ_BUF));
+            self.make_room(want.max(READ_BUF));
         }
         // Silent peers are found by the keep-alive task (conn.rs), which
         // closes the connection and so ends this read.
         let got = self.rd.read_buf(&mut self.buf).await.map_err(|e| StreamError::io(&self.shared.peer, &e))?;
         Ok(got > 0)
+    }
+
+    /// Gives the read buffer room for `need` more bytes. Frames cut from it
+    /// are views of it, held by their streams until consumed, so a full
+    /// buffer usually cannot be reused in place: reading then goes on in a
+    /// spare whose frames have all been dropped (its pages already faulted
+    /// in), else in a new buffer, and the full one becomes a spare. A new
+    /// buffer for every 64 KiB read (what `BytesMut::reserve` does) cost
+    /// more than the frames' copy: the allocator hands the freed buffer
+    /// back to the system and faults fresh pages in for the next.
+    fn make_room(&mut self, need: usize) {
+        if self.buf.try_reclaim(need) {
+            // Every frame read so far has been consumed: the load that
+            // needed spares has passed, so one goes (kept spares are idle
+            // memory).
+            self.spare.pop();
+            return;
+        }
+        let reusable = self.spare.iter_mut().position(|b| b.try_reclaim(need));
+        let mut next = match reusable {
+            Some(i) => self.spare.swap_remove(i),
+            None => BytesMut::with_capacity(need),
+        };
+        // The start of a frame not yet complete moves along.
+        next.extend_from_slice(&self.buf);
+        let mut full = std::mem::replace(&mut self.buf, next);
+        full.clear();
+        if self.spare.len() < SPARE_BUFS {
+            self.spare.push(full);
+        }
     }
 
     /// Reads the rest of the current payload from the socket straight into
