@@ -299,7 +299,10 @@ pub struct ServerConfig {
     pub max_auth_failures: u32,
     /// Most connections open at once (default: half the process's open-file
     /// limit, at most 65,536). At the cap the oldest idle connection is
-    /// closed to make room; with none idle a new one is refused.
+    /// closed to make room; with none idle a new one is refused. A gRPC
+    /// listener counts its HTTP/2 connections on their own against it
+    /// (unless `transport.max_connections` says otherwise) and refuses
+    /// new ones at the cap.
     pub max_connections: usize,
     /// Most connections open at once from one peer IP (local sockets count
     /// as one peer; default: `max_connections`).

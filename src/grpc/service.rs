@@ -65,7 +65,10 @@ pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Bo
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     let routes = Routes::new(health).add_service(v1).add_service(v1alpha).add_service(compat);
-    tgrpc::listen_with(ep, &inner.config.transport, routes).await
+    // The server's connection cap applies to its gRPC listener too.
+    let mut transport = inner.config.transport.clone();
+    transport.max_connections.get_or_insert(inner.config.max_connections);
+    tgrpc::listen_with(ep, &transport, routes).await
 }
 
 // ---------------------------------------------------------------------------
@@ -111,7 +114,8 @@ impl Compat {
     }
 
     fn peer<T>(req: &Request<T>) -> String {
-        req.remote_addr().map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
+        let addr = req.extensions().get::<tgrpc::ConnectInfo>().and_then(|c| c.remote_addr());
+        addr.map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
     }
 }
 

@@ -13,6 +13,9 @@ pub struct TransportConfig {
     /// Bytes received on one connection and not yet consumed, across all
     /// streams, after which the reader stops reading the socket until
     /// consumers catch up (default 256 MiB). Bounds memory per connection.
+    /// A gRPC server connection holds at most this much in unfinished
+    /// messages (plus one message): a call past it stops reading until
+    /// room frees up.
     pub connection_window: u64,
     /// Largest payload of one frame this side accepts (default 64 MiB).
     pub max_frame_payload: u32,
@@ -20,6 +23,12 @@ pub struct TransportConfig {
     pub max_header_bytes: u32,
     /// Most streams the peer may have open at once (default 1024).
     pub max_concurrent_streams: u32,
+    /// Most connections a gRPC listener keeps open at once; a new one past
+    /// it is sent an HTTP/2 GOAWAY saying why and closed (default None: no
+    /// cap of its own; a tensorwire server sets its
+    /// `ServerConfig::max_connections` here). Other listeners leave
+    /// admission to the server.
+    pub max_connections: Option<usize>,
     /// Give up connecting after this long (default 10 s). Servers give an
     /// accepted socket as long for its handshake (the mux preface, gRPC's
     /// TLS handshake).
@@ -70,6 +79,7 @@ impl Default for TransportConfig {
             max_frame_payload: 64 << 20,
             max_header_bytes: 1 << 20,
             max_concurrent_streams: 1024,
+            max_connections: None,
             connect_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(15)),
             idle_timeout: Some(Duration::from_secs(300)),

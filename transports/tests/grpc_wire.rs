@@ -304,3 +304,159 @@ async fn answers_that_are_not_a_grpc_reply_are_clear_errors() {
         assert!(err.to_string().contains(want), "{want}: {err}");
     }
 }
+
+/// A request body fed by the test as it goes.
+struct Fed(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// Starts a `Send` call whose body is `body`; resolves to its grpc-status.
+fn start_send(mut chan: GrpcChannel, body: tonic::body::Body) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let uri = format!("{}/tensorwire.v1.TensorService/Send", chan.origin().to_string().trim_end_matches('/'));
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(uri)
+            .header("te", "trailers")
+            .header("content-type", "application/grpc")
+            .body(body)
+            .unwrap();
+        std::future::poll_fn(|cx| chan.poll_ready(cx)).await.unwrap();
+        let resp = chan.call(req).await.unwrap();
+        let (parts, mut body) = resp.into_parts();
+        if let Some(s) = parts.headers.get("grpc-status") {
+            return s.to_str().unwrap().to_string();
+        }
+        use http_body::Body as _;
+        while let Some(f) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            if let Ok(t) = f.unwrap().into_trailers()
+                && let Some(s) = t.get("grpc-status")
+            {
+                return s.to_str().unwrap().to_string();
+            }
+        }
+        panic!("no grpc-status");
+    })
+}
+
+/// A server connection's calls hold at most `connection_window` bytes of
+/// unfinished messages: hyper hands back a stream's credit as its DATA
+/// frames are read, so without a bound of its own a peer could make the
+/// server hold a whole message per call before any auth token is seen. A
+/// call past the bound waits (reads nothing, so HTTP/2 flow control stops
+/// its sender) while the call whose message began first goes on; once
+/// that message is complete the waiting call goes on too.
+#[tokio::test]
+async fn unfinished_messages_are_bounded_per_connection() {
+    let mut cfg = TransportConfig { connection_window: 2 << 20, ..TransportConfig::default() };
+    // A small stream window: the client can only write what the server
+    // has read, so a fed body that went out was taken by the server.
+    cfg.grpc.stream_window = 128 << 10;
+    let ep = Endpoint::parse("grpc://127.0.0.1:0").unwrap();
+    let mut l = listen(&ep, &cfg).await.unwrap();
+    let local = l.local_endpoint();
+    let conn = l.accept().await.unwrap();
+    // Every frame the server's streams receive: (payload length, first byte).
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<(usize, u8)>();
+    tokio::spawn(async move {
+        while let Ok(mut inc) = conn.accept().await {
+            let got_tx = got_tx.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(r)) = inc.recv.recv().await {
+                    let Payload::Bytes(b) = r.payload else { panic!("no placement registered") };
+                    let _ = got_tx.send((b.len(), b.first().copied().unwrap_or(0)));
+                }
+                let _ =
+                    inc.send.send_last(Frame::header_only(FrameHeader::new(HKind::Reply(Default::default())))).await;
+            });
+        }
+    });
+    let chan = channel(&local, &cfg).await.unwrap();
+
+    // Call A: 1.5 MiB of a 3 MiB message, written in 64 KiB pieces through
+    // a one-piece queue (each write waits for the server to read).
+    let a_msg = message(0, &chunk_frame(1, 0, 0, &vec![0xA; 3 << 20]).encode_to_vec());
+    let (feed, fed) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let a = start_send(chan.clone(), tonic::body::Body::new(Fed(fed)));
+    let half = 3 << 19;
+    for piece in a_msg[..half].chunks(64 << 10) {
+        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    // Call B: a whole 1 MiB message, which would take the connection past
+    // its 2 MiB while A's message is unfinished.
+    let b_msg = message(0, &chunk_frame(2, 0, 0, &vec![0xB; 1 << 20]).encode_to_vec());
+    let b = start_send(chan.clone(), tonic::body::Body::new(Frames(VecDeque::from([http_body::Frame::data(b_msg)]))));
+    let early = tokio::time::timeout(Duration::from_millis(500), got.recv()).await;
+    assert!(early.is_err(), "B's message went through while A's unfinished one filled the connection: {early:?}");
+
+    // A's message completes: the server takes it, and B goes on.
+    for piece in a_msg[half..].chunks(64 << 10) {
+        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    drop(feed);
+    let first = got.recv().await.unwrap();
+    let second = got.recv().await.unwrap();
+    assert_eq!(first, (3 << 20, 0xA), "A's message, whole");
+    assert_eq!(second, (1 << 20, 0xB), "then B's");
+    assert_eq!(a.await.unwrap(), "0");
+    assert_eq!(b.await.unwrap(), "0");
+}
+
+/// A gRPC listener keeps at most `max_connections` open; the next client
+/// is told why (an HTTP/2 GOAWAY), and a place that frees up is taken again.
+#[tokio::test]
+async fn a_listener_refuses_connections_past_its_cap_and_says_why() {
+    let cfg = TransportConfig { max_connections: Some(1), ..TransportConfig::default() };
+    let ep = Endpoint::parse("grpc://127.0.0.1:0").unwrap();
+    let mut l = listen(&ep, &cfg).await.unwrap();
+    let local = l.local_endpoint();
+    let _conn = l.accept().await.unwrap();
+    let ct = ("content-type", "application/grpc");
+    let mut first = channel(&local, &cfg).await.unwrap();
+    let (code, _) = raw_call(&mut first, "/tensorwire.v1.TensorService/Nope", &[ct], vec![]).await;
+    assert_eq!(code, "12", "the first connection is served");
+
+    let refused = async {
+        let mut chan = channel(&local, &cfg).await.map_err(|e| format!("{e:?}"))?;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("{}/tensorwire.v1.TensorService/Nope", chan.origin().to_string().trim_end_matches('/')))
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        std::future::poll_fn(|cx| chan.poll_ready(cx)).await.map_err(|e| format!("{e:?}"))?;
+        chan.call(req).await.map(|_| ()).map_err(|e| format!("{e:?}"))
+    };
+    let msg = refused.await.expect_err("a second connection is refused");
+    assert!(msg.contains("too many connections"), "{msg}");
+
+    // The first one closes; its place is free again (after its lingering close).
+    drop(first);
+    let mut served = false;
+    for _ in 0..50 {
+        let Ok(mut chan) = channel(&local, &cfg).await else { continue };
+        let uri = format!("{}/tensorwire.v1.TensorService/Nope", chan.origin().to_string().trim_end_matches('/'));
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(uri)
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        if std::future::poll_fn(|cx| chan.poll_ready(cx)).await.is_ok() && chan.call(req).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "a freed place is taken again");
+}

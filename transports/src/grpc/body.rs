@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tonic::codegen::http::HeaderMap;
 
+use super::held::Share;
 use super::wire::{self, Decoded, Limits, WireError};
 
 /// What a stream's sending half queues: a frame, or (server) the status
@@ -140,13 +141,35 @@ pub(crate) struct MessageSource {
     seen: usize,
     /// How the body ended, once it has (delivered once the decoder holds no further message).
     end: Option<Result<(), Status>>,
+    /// A server call's part of what its connection holds (see `held`).
+    share: Option<Share>,
+    /// A DATA frame read from the body and not yet pushed to the decoder
+    /// (it waits for room in `share`; kept here so a dropped `next` loses
+    /// nothing).
+    waiting: Option<Bytes>,
 }
 
 impl MessageSource {
     /// Reads `body`'s messages (within `limits`); `response`: a client
     /// reading the server's reply, which ends with a status.
     pub(crate) fn new(body: tonic::body::Body, limits: Limits, response: bool, unary: bool) -> Self {
-        Self { body: std::sync::Mutex::new(body), dec: wire::Decoder::new(limits), response, unary, seen: 0, end: None }
+        Self {
+            body: std::sync::Mutex::new(body),
+            dec: wire::Decoder::new(limits),
+            response,
+            unary,
+            seen: 0,
+            end: None,
+            share: None,
+            waiting: None,
+        }
+    }
+
+    /// Counts what the decoder holds in `share` (a server call's part of
+    /// its connection's unfinished messages).
+    pub(crate) fn counted(mut self, share: Share) -> Self {
+        self.share = Some(share);
+        self
     }
 
     /// The next message, `None` at a clean end, or the call's error.
@@ -155,6 +178,9 @@ impl MessageSource {
             if self.end.is_none() {
                 match self.dec.next() {
                     Ok(Some(m)) => {
+                        if let Some(share) = &mut self.share {
+                            share.settle(self.dec.held(), true);
+                        }
                         self.seen += 1;
                         if self.unary && self.seen > 1 {
                             self.end = Some(Ok(()));
@@ -163,11 +189,24 @@ impl MessageSource {
                         return Ok(Some(m));
                     }
                     Ok(None) => {}
-                    Err(e) => self.end = Some(Err(wire_status(e))),
+                    Err(e) => {
+                        // Nothing more is read: what the decoder holds is dead.
+                        if let Some(share) = &mut self.share {
+                            share.settle(0, false);
+                        }
+                        self.end = Some(Err(wire_status(e)));
+                    }
                 }
             }
             if let Some(end) = &self.end {
                 return end.clone().map(|()| None);
+            }
+            if let Some(data) = &self.waiting {
+                if let Some(share) = &mut self.share {
+                    share.grow(data.len()).await;
+                }
+                self.dec.push(self.waiting.take().unwrap_or_default());
+                continue;
             }
             let body = self.body.get_mut().unwrap_or_else(|e| e.into_inner());
             let frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await;
@@ -179,7 +218,7 @@ impl MessageSource {
                 Some(Err(status)) => Err(status),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        self.dec.push(data);
+                        self.waiting = Some(data);
                         continue;
                     }
                     Err(frame) => match frame.into_trailers() {

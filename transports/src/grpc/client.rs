@@ -332,7 +332,7 @@ async fn call(
             tonic::Code::Ok if method.unary_response() => {
                 Err(Status::internal("the gRPC server ended the call without its response message"))
             }
-            tonic::Code::Ok => Ok(Source::Wire(MessageSource::ended(Ok(())))),
+            tonic::Code::Ok => Ok(Source::Wire(Box::new(MessageSource::ended(Ok(()))))),
             _ => Err(status),
         };
     }
@@ -350,7 +350,7 @@ async fn call(
         )));
     }
     let body = tonic::body::Body::new(body);
-    Ok(Source::Wire(MessageSource::new(body, limits, true, method.unary_response())))
+    Ok(Source::Wire(Box::new(MessageSource::new(body, limits, true, method.unary_response()))))
 }
 
 /// The gRPC code of an HTTP status that came without one, as gRPC's

@@ -4,14 +4,19 @@
 //! of holding a connection (and a file descriptor) forever.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
+
+use super::held::Held;
 
 /// The HTTP/2 client connection preface is this long.
 const PREFACE_LEN: usize = 24;
@@ -40,13 +45,71 @@ pub(crate) struct Io {
     seen: usize,
     /// Close by lingering (see `Drop`).
     linger: bool,
+    /// What the connection's calls hold in unfinished messages.
+    held: Arc<Held>,
+    /// The connection's place under the listener's cap, given back when
+    /// the socket is closed (after its lingering close).
+    slot: Option<Slot>,
 }
 
 impl Io {
-    /// `sock`, which must send the HTTP/2 preface within `timeout`.
-    pub(crate) fn new(sock: Sock, timeout: Duration) -> Self {
-        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0, linger: true }
+    /// `sock`, which must send the HTTP/2 preface within `timeout`; its
+    /// calls may hold `held_cap` bytes of unfinished messages.
+    pub(crate) fn new(sock: Sock, timeout: Duration, held_cap: usize, slot: Option<Slot>) -> Self {
+        Self {
+            sock,
+            preface: Some(Box::pin(tokio::time::sleep(timeout))),
+            seen: 0,
+            linger: true,
+            held: Held::new(held_cap),
+            slot,
+        }
     }
+}
+
+/// A place among the connections a listener keeps open (see
+/// [`TransportConfig::max_connections`](crate::TransportConfig::max_connections)).
+#[derive(Debug)]
+pub(crate) struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A place, unless `open` already counts `cap` connections.
+    pub(crate) fn take(open: &Arc<AtomicUsize>, cap: usize) -> Option<Slot> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).ok()?;
+        Some(Slot(open.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Refuses an accepted connection the HTTP/2 way: the server's preface
+/// (empty SETTINGS) and a GOAWAY whose debug data says why (clients show
+/// it), then a lingering close.
+pub(crate) async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, reason: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // SETTINGS (type 4) with no settings; GOAWAY (type 7): last stream 0,
+    // ENHANCE_YOUR_CALM (0xb), the reason.
+    let debug = &reason.as_bytes()[..reason.len().min(1024)];
+    let mut out = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+    out.extend_from_slice(&((8 + debug.len()) as u32).to_be_bytes()[1..]);
+    out.extend_from_slice(&[7, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0x0b]);
+    out.extend_from_slice(debug);
+    let _ = tokio::time::timeout(LINGER, async {
+        let _ = s.write_all(&out).await;
+        let _ = s.shutdown().await;
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// A lingering close. When the HTTP/2 server is done with a connection
@@ -64,7 +127,8 @@ impl Drop for Io {
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let sock = std::mem::replace(&mut self.sock, Sock::Gone);
-        let mut io = Io { sock, preface: None, seen: 0, linger: false };
+        let mut io =
+            Io { sock, preface: None, seen: 0, linger: false, held: self.held.clone(), slot: self.slot.take() };
         rt.spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let _ = tokio::time::timeout(LINGER, async {
@@ -81,19 +145,32 @@ impl Drop for Io {
     }
 }
 
-impl Connected for Io {
-    type ConnectInfo = TcpConnectInfo;
+/// What the server knows of the connection a gRPC call came on, in the
+/// request's extensions (`req.extensions().get::<ConnectInfo>()`); tonic's
+/// own `remote_addr()` does not see it.
+#[derive(Clone, Debug)]
+pub struct ConnectInfo {
+    remote: Option<SocketAddr>,
+    pub(crate) held: Arc<Held>,
+}
 
-    fn connect_info(&self) -> TcpConnectInfo {
+impl ConnectInfo {
+    /// The client's address (None over a Unix socket).
+    pub fn remote_addr(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+}
+
+impl Connected for Io {
+    type ConnectInfo = ConnectInfo;
+
+    fn connect_info(&self) -> ConnectInfo {
         let tcp = match &self.sock {
             Sock::Tcp(s) => Some(s),
             Sock::Tls(s) => Some(s.get_ref().0),
             Sock::Unix(_) | Sock::Gone => None,
         };
-        TcpConnectInfo {
-            local_addr: tcp.and_then(|s| s.local_addr().ok()),
-            remote_addr: tcp.and_then(|s| s.peer_addr().ok()),
-        }
+        ConnectInfo { remote: tcp.and_then(|s| s.peer_addr().ok()), held: self.held.clone() }
     }
 }
 

@@ -39,8 +39,16 @@
 //! own bytes until it is copied once, into the tensor's buffer when the
 //! pipeline placed one (see `wire`).
 //!
+//! **Bounds.** A server connection's calls hold at most
+//! [`TransportConfig::connection_window`](crate::TransportConfig::connection_window)
+//! bytes of unfinished messages (plus one message; see `held`), and a
+//! listener keeps at most
+//! [`TransportConfig::max_connections`](crate::TransportConfig::max_connections)
+//! connections open, refusing more with an HTTP/2 GOAWAY that says why.
+//!
 //! Files: `wire` (the message format, sans-IO), `body` (call bodies out
-//! and in), `settings` (ALPN, message limit, socket tuning), `client`
+//! and in), `held` (what a connection's unfinished messages hold),
+//! `settings` (ALPN, message limit, socket tuning), `client`
 //! ([`GrpcChannel`], [`connect`]), `server` (the service, [`listen`],
 //! [`listen_with`]), `io` (accepted sockets for tonic), `streams` (the
 //! stream handles over calls). This file only declares and re-exports;
@@ -50,6 +58,7 @@ mod body;
 mod client;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
+mod held;
 mod io;
 mod server;
 mod settings;
@@ -57,6 +66,7 @@ mod streams;
 mod wire;
 
 pub use client::{GrpcChannel, RequestBody, channel, connect};
+pub use io::ConnectInfo;
 pub use server::{listen, listen_with};
 pub use settings::message_limit;
 pub use tonic::service::Routes;

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +19,8 @@ use tonic::server::NamedService;
 use tonic::service::Routes;
 
 use super::body::{Ending, Item, MessageSource, OutBody};
-use super::io::{Io, Sock};
+use super::held::Share;
+use super::io::{ConnectInfo, Io, Slot, Sock, refuse};
 use super::settings::{ContentType, H2, Method, SERVICE, content_type, limits, transport_name, tune_tcp};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
 use super::wire::Limits;
@@ -153,9 +155,13 @@ impl ServiceInner {
             )
             .into_http();
         }
+        let held = parts.extensions.get::<ConnectInfo>().map(|c| Share::new(c.held.clone()));
         drop(parts);
-        let source = MessageSource::new(body, self.limits, false, method.unary_request());
-        match self.start(method, Source::Wire(source)).await {
+        let mut source = MessageSource::new(body, self.limits, false, method.unary_request());
+        if let Some(share) = held {
+            source = source.counted(share);
+        }
+        match self.start(method, Source::Wire(Box::new(source))).await {
             Ok(rx) => {
                 let ending = if method.unary_response() { Ending::UnaryResponse } else { Ending::Response };
                 let body = OutBody::new(rx, None, self.limits.message, ending);
@@ -288,6 +294,10 @@ async fn accept_loop(
     config: TransportConfig,
     tx: mpsc::Sender<std::io::Result<Io>>,
 ) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let cap = config.max_connections.unwrap_or(usize::MAX);
+    let held_cap = usize::try_from(config.connection_window).unwrap_or(usize::MAX);
+    let timeout = config.connect_timeout;
     loop {
         let accepted = match &bound {
             Bound::Tcp(l) => l.accept().await.map(|(s, a)| (Some(s), None, Some(a))),
@@ -296,24 +306,42 @@ async fn accept_loop(
         if accepted.is_ok() {
             crate::listener::accepted();
         }
+        // Counted from the accept (a TLS handshake holds a socket too).
+        let slot = accepted.is_ok().then(|| Slot::take(&open, cap)).flatten();
+        let full = (slot.is_none() && accepted.is_ok()).then(|| {
+            format!("too many connections: {cap} open, the server allows {cap} (TransportConfig::max_connections)")
+        });
         match accepted {
             Ok((Some(s), _, addr)) => {
                 tune_tcp(&s, &config);
                 match &acceptor {
-                    None => {
-                        if tx.send(Ok(Io::new(Sock::Tcp(s), config.connect_timeout))).await.is_err() {
-                            return;
+                    None => match full {
+                        Some(reason) => {
+                            tracing::info!(peer = ?addr, %reason, "gRPC connection refused");
+                            tokio::spawn(async move { refuse(s, &reason).await });
                         }
-                    }
+                        None => {
+                            if tx.send(Ok(Io::new(Sock::Tcp(s), timeout, held_cap, slot))).await.is_err() {
+                                return;
+                            }
+                        }
+                    },
                     Some(acc) => {
                         // Each handshake in its own task: a slow client never
                         // delays the others. It gets the connect timeout.
-                        let (acc, tx, timeout) = (acc.clone(), tx.clone(), config.connect_timeout);
+                        let (acc, tx) = (acc.clone(), tx.clone());
                         tokio::spawn(async move {
                             match tokio::time::timeout(timeout, acc.accept(s)).await {
-                                Ok(Ok(t)) => {
-                                    let _ = tx.send(Ok(Io::new(Sock::Tls(Box::new(t)), timeout))).await;
-                                }
+                                Ok(Ok(t)) => match full {
+                                    Some(reason) => {
+                                        tracing::info!(peer = ?addr, %reason, "gRPC connection refused");
+                                        refuse(t, &reason).await
+                                    }
+                                    None => {
+                                        let io = Io::new(Sock::Tls(Box::new(t)), timeout, held_cap, slot);
+                                        let _ = tx.send(Ok(io)).await;
+                                    }
+                                },
                                 Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
                                 Err(_) => tracing::info!(peer = ?addr, "TLS handshake timed out"),
                             }
@@ -321,11 +349,17 @@ async fn accept_loop(
                     }
                 }
             }
-            Ok((None, Some(s), _)) => {
-                if tx.send(Ok(Io::new(Sock::Unix(s), config.connect_timeout))).await.is_err() {
-                    return;
+            Ok((None, Some(s), _)) => match full {
+                Some(reason) => {
+                    tracing::info!(%reason, "gRPC connection refused");
+                    tokio::spawn(async move { refuse(s, &reason).await });
                 }
-            }
+                None => {
+                    if tx.send(Ok(Io::new(Sock::Unix(s), timeout, held_cap, slot))).await.is_err() {
+                        return;
+                    }
+                }
+            },
             Ok(_) => {}
             // Out of file descriptors and the like: back off, keep serving.
             Err(e) => crate::listener::backoff(&e).await,

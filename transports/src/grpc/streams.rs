@@ -73,7 +73,7 @@ pub(crate) enum Source {
     /// A client's response not yet arrived (the call is being made).
     Pending(oneshot::Receiver<Result<Source, Status>>),
     /// The call's body.
-    Wire(MessageSource),
+    Wire(Box<MessageSource>),
     Done,
 }
 

@@ -258,6 +258,12 @@ impl Decoder {
         }
     }
 
+    /// Bytes of the pushed frames not yet returned in a message: the
+    /// message being collected and what is unread.
+    pub(crate) fn held(&self) -> usize {
+        self.have_prefix + self.got + self.unread.len()
+    }
+
     /// The stream ended (and [`next`](Self::next) returned `None`): an
     /// error when it ended inside a message.
     pub(crate) fn finish(&self) -> Result<(), WireError> {
