@@ -68,6 +68,7 @@ pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Bo
     // The server's connection cap applies to its gRPC listener too.
     let mut transport = inner.config.transport.clone();
     transport.max_connections.get_or_insert(inner.config.max_connections);
+    transport.max_connections_per_peer.get_or_insert(inner.config.max_connections_per_peer);
     tgrpc::listen_with(ep, &transport, routes).await
 }
 
@@ -114,8 +115,7 @@ impl Compat {
     }
 
     fn peer<T>(req: &Request<T>) -> String {
-        let addr = req.extensions().get::<tgrpc::ConnectInfo>().and_then(|c| c.remote_addr());
-        addr.map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
+        req.remote_addr().map_or_else(|| "skytorch client".to_string(), |a| a.to_string())
     }
 }
 

@@ -29,6 +29,10 @@ pub struct TransportConfig {
     /// `ServerConfig::max_connections` here). Other listeners leave
     /// admission to the server.
     pub max_connections: Option<usize>,
+    /// Most of those from one IP address (Unix sockets: one peer; default
+    /// None: no cap of its own; a tensorwire server sets its
+    /// `ServerConfig::max_connections_per_peer` here).
+    pub max_connections_per_peer: Option<usize>,
     /// Give up connecting after this long (default 10 s). Servers give an
     /// accepted socket as long for its handshake (the mux preface, gRPC's
     /// TLS handshake).
@@ -80,6 +84,7 @@ impl Default for TransportConfig {
             max_header_bytes: 1 << 20,
             max_concurrent_streams: 1024,
             max_connections: None,
+            max_connections_per_peer: None,
             connect_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(15)),
             idle_timeout: Some(Duration::from_secs(300)),

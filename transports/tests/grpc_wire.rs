@@ -353,12 +353,18 @@ fn start_send(mut chan: GrpcChannel, body: tonic::body::Body) -> tokio::task::Jo
 /// unfinished messages: hyper hands back a stream's credit as its DATA
 /// frames are read, so without a bound of its own a peer could make the
 /// server hold a whole message per call before any auth token is seen. A
-/// call past the bound waits (reads nothing, so HTTP/2 flow control stops
-/// its sender) while the call whose message began first goes on; once
-/// that message is complete the waiting call goes on too.
+/// frame past the bound waits (its call reads nothing more, so HTTP/2 flow
+/// control stops its sender) until the others' messages complete, and a
+/// call that waits too long fails with a clear error.
 #[tokio::test]
 async fn unfinished_messages_are_bounded_per_connection() {
-    let mut cfg = TransportConfig { connection_window: 2 << 20, ..TransportConfig::default() };
+    // Messages of up to ~4 MiB; the connection may hold 4 MiB of them.
+    let mut cfg = TransportConfig {
+        connection_window: 4 << 20,
+        max_frame_payload: 4 << 20,
+        max_header_bytes: 4 << 10,
+        ..TransportConfig::default()
+    };
     // A small stream window: the client can only write what the server
     // has read, so a fed body that went out was taken by the server.
     cfg.grpc.stream_window = 128 << 10;
@@ -366,57 +372,101 @@ async fn unfinished_messages_are_bounded_per_connection() {
     let mut l = listen(&ep, &cfg).await.unwrap();
     let local = l.local_endpoint();
     let conn = l.accept().await.unwrap();
-    // Every frame the server's streams receive: (payload length, first byte).
-    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<(usize, u8)>();
+    // What the server's streams receive: a frame's (length, first byte), or
+    // the error that ended the stream.
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<Result<(usize, u8), String>>();
     tokio::spawn(async move {
         while let Ok(mut inc) = conn.accept().await {
             let got_tx = got_tx.clone();
             tokio::spawn(async move {
-                while let Ok(Some(r)) = inc.recv.recv().await {
-                    let Payload::Bytes(b) = r.payload else { panic!("no placement registered") };
-                    let _ = got_tx.send((b.len(), b.first().copied().unwrap_or(0)));
+                loop {
+                    match inc.recv.recv().await {
+                        Ok(Some(r)) => {
+                            let Payload::Bytes(b) = r.payload else { panic!("no placement registered") };
+                            let _ = got_tx.send(Ok((b.len(), b.first().copied().unwrap_or(0))));
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            let _ = got_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    }
                 }
-                let _ =
-                    inc.send.send_last(Frame::header_only(FrameHeader::new(HKind::Reply(Default::default())))).await;
+                let reply = Frame::header_only(FrameHeader::new(HKind::Reply(Default::default())));
+                let _ = inc.send.send_last(reply).await;
             });
         }
     });
     let chan = channel(&local, &cfg).await.unwrap();
+    // Writes the first `upto` bytes of `msg` as a call's body, in 64 KiB
+    // pieces through a one-piece queue: each write waits for the server to
+    // read. Returns the feed (for the rest) and the call.
+    let start_fed = |msg: &Bytes, upto: usize| {
+        let (feed, fed) = tokio::sync::mpsc::channel::<Bytes>(1);
+        let call = start_send(chan.clone(), tonic::body::Body::new(Fed(fed)));
+        let first = msg.slice(..upto);
+        async move {
+            for piece in first.chunks(64 << 10) {
+                feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+            }
+            (feed, call)
+        }
+    };
+    let finish = |feed: tokio::sync::mpsc::Sender<Bytes>, rest: Bytes| async move {
+        for piece in rest.chunks(64 << 10) {
+            feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+        }
+    };
+    let whole = |msg: Bytes| {
+        start_send(chan.clone(), tonic::body::Body::new(Frames(VecDeque::from([http_body::Frame::data(msg)]))))
+    };
+    let msg = |seed: u8, len: usize| message(0, &chunk_frame(u64::from(seed), 0, 0, &vec![seed; len]).encode_to_vec());
 
-    // Call A: 1.5 MiB of a 3 MiB message, written in 64 KiB pieces through
-    // a one-piece queue (each write waits for the server to read).
-    let a_msg = message(0, &chunk_frame(1, 0, 0, &vec![0xA; 3 << 20]).encode_to_vec());
-    let (feed, fed) = tokio::sync::mpsc::channel::<Bytes>(1);
-    let a = start_send(chan.clone(), tonic::body::Body::new(Fed(fed)));
-    let half = 3 << 19;
-    for piece in a_msg[..half].chunks(64 << 10) {
-        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
-    }
-    // Call B: a whole 1 MiB message, which would take the connection past
-    // its 2 MiB while A's message is unfinished.
-    let b_msg = message(0, &chunk_frame(2, 0, 0, &vec![0xB; 1 << 20]).encode_to_vec());
-    let b = start_send(chan.clone(), tonic::body::Body::new(Frames(VecDeque::from([http_body::Frame::data(b_msg)]))));
+    // A holds 3.5 MiB of a 4 MiB message. B's first MiB of 2 takes the
+    // connection past its 4 MiB: B waits first, so it goes on. C's whole
+    // 1 MiB message waits behind B.
+    let a_msg = msg(0xA, 4 << 20);
+    let (a_feed, a) = start_fed(&a_msg, 7 << 19).await;
+    let b_msg = msg(0xB, 2 << 20);
+    let (b_feed, b) = start_fed(&b_msg, 1 << 20).await;
+    let c = whole(msg(0xC, 1 << 20));
     let early = tokio::time::timeout(Duration::from_millis(500), got.recv()).await;
-    assert!(early.is_err(), "B's message went through while A's unfinished one filled the connection: {early:?}");
-
-    // A's message completes: the server takes it, and B goes on.
-    for piece in a_msg[half..].chunks(64 << 10) {
-        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
-    }
-    drop(feed);
-    let first = got.recv().await.unwrap();
-    let second = got.recv().await.unwrap();
-    assert_eq!(first, (3 << 20, 0xA), "A's message, whole");
-    assert_eq!(second, (1 << 20, 0xB), "then B's");
-    assert_eq!(a.await.unwrap(), "0");
+    assert!(early.is_err(), "C's message went through while the connection was full: {early:?}");
+    // B's message completes: the server takes it, then C goes on.
+    finish(b_feed, b_msg.slice(1 << 20..)).await;
+    assert_eq!(got.recv().await.unwrap().unwrap(), (2 << 20, 0xB), "B's message, whole");
+    assert_eq!(got.recv().await.unwrap().unwrap(), (1 << 20, 0xC), "then C's");
     assert_eq!(b.await.unwrap(), "0");
+    assert_eq!(c.await.unwrap(), "0");
+
+    // D goes past the cap (it leads) and never finishes its message: E,
+    // behind it, waits its time and fails with why.
+    let d_msg = msg(0xD, 2 << 20);
+    let (d_feed, d) = start_fed(&d_msg, 1 << 20).await;
+    let _e = whole(msg(0xE, 1 << 20));
+    let e = got.recv().await.unwrap().expect_err("E fails");
+    assert!(e.contains("unfinished messages") && e.contains("connection_window"), "{e}");
+    // D's client gives up: its bytes come back, and A completes.
+    drop(d_feed);
+    d.abort();
+    assert!(got.recv().await.unwrap().is_err(), "D's stream ends with an error");
+    finish(a_feed, a_msg.slice(7 << 19..)).await;
+    assert_eq!(got.recv().await.unwrap().unwrap(), (4 << 20, 0xA), "A's message, whole");
+    assert_eq!(a.await.unwrap(), "0");
 }
 
-/// A gRPC listener keeps at most `max_connections` open; the next client
-/// is told why (an HTTP/2 GOAWAY), and a place that frees up is taken again.
+/// A gRPC listener keeps at most `max_connections` open (and at most
+/// `max_connections_per_peer` from one address); the next client is told why (an HTTP/2 GOAWAY), and a place that frees up is taken again.
 #[tokio::test]
 async fn a_listener_refuses_connections_past_its_cap_and_says_why() {
-    let cfg = TransportConfig { max_connections: Some(1), ..TransportConfig::default() };
+    let total = TransportConfig { max_connections: Some(1), ..TransportConfig::default() };
+    let per_peer = TransportConfig { max_connections_per_peer: Some(1), ..TransportConfig::default() };
+    for (cfg, why) in [(total, "too many connections: 1 open"), (per_peer, "too many connections from 127.0.0.1")] {
+        refused_past_the_cap(cfg, why).await;
+    }
+}
+
+async fn refused_past_the_cap(cfg: TransportConfig, why: &str) {
     let ep = Endpoint::parse("grpc://127.0.0.1:0").unwrap();
     let mut l = listen(&ep, &cfg).await.unwrap();
     let local = l.local_endpoint();
@@ -438,7 +488,7 @@ async fn a_listener_refuses_connections_past_its_cap_and_says_why() {
         chan.call(req).await.map(|_| ()).map_err(|e| format!("{e:?}"))
     };
     let msg = refused.await.expect_err("a second connection is refused");
-    assert!(msg.contains("too many connections"), "{msg}");
+    assert!(msg.contains(why), "{msg}");
 
     // The first one closes; its place is free again (after its lingering close).
     drop(first);

@@ -143,9 +143,9 @@ pub(crate) struct MessageSource {
     end: Option<Result<(), Status>>,
     /// A server call's part of what its connection holds (see `held`).
     share: Option<Share>,
-    /// A DATA frame read from the body and not yet pushed to the decoder
-    /// (it waits for room in `share`; kept here so a dropped `next` loses
-    /// nothing).
+    /// A DATA frame read from the body (and counted in `share`) not yet
+    /// pushed to the decoder: it waits for room on the connection, kept
+    /// here so a dropped `next` loses nothing.
     waiting: Option<Bytes>,
 }
 
@@ -179,7 +179,7 @@ impl MessageSource {
                 match self.dec.next() {
                     Ok(Some(m)) => {
                         if let Some(share) = &mut self.share {
-                            share.settle(self.dec.held(), true);
+                            share.settle(self.dec.held());
                         }
                         self.seen += 1;
                         if self.unary && self.seen > 1 {
@@ -189,21 +189,18 @@ impl MessageSource {
                         return Ok(Some(m));
                     }
                     Ok(None) => {}
-                    Err(e) => {
-                        // Nothing more is read: what the decoder holds is dead.
-                        if let Some(share) = &mut self.share {
-                            share.settle(0, false);
-                        }
-                        self.end = Some(Err(wire_status(e)));
-                    }
+                    Err(e) => self.fail(wire_status(e)),
                 }
             }
             if let Some(end) = &self.end {
                 return end.clone().map(|()| None);
             }
-            if let Some(data) = &self.waiting {
-                if let Some(share) = &mut self.share {
-                    share.grow(data.len()).await;
+            if self.waiting.is_some() {
+                if let Some(share) = &mut self.share
+                    && let Err(full) = share.room().await
+                {
+                    self.fail(Status::resource_exhausted(full.to_string()));
+                    continue;
                 }
                 self.dec.push(self.waiting.take().unwrap_or_default());
                 continue;
@@ -218,6 +215,14 @@ impl MessageSource {
                 Some(Err(status)) => Err(status),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
+                        // Counted as it arrives (it is held from now on);
+                        // pushed once the connection has room.
+                        if let Some(share) = &mut self.share
+                            && let Err(full) = share.add(data.len())
+                        {
+                            self.fail(Status::resource_exhausted(full.to_string()));
+                            continue;
+                        }
                         self.waiting = Some(data);
                         continue;
                     }
@@ -245,6 +250,16 @@ impl MessageSource {
             });
             self.end = Some(ended);
         }
+    }
+
+    /// Ends the call with `status`: nothing more is read, and what the
+    /// decoder holds (and a frame waiting for room) is given back.
+    fn fail(&mut self, status: Status) {
+        self.waiting = None;
+        if let Some(share) = &mut self.share {
+            share.settle(0);
+        }
+        self.end = Some(Err(status));
     }
 
     /// A source that yields nothing and ends with `end` (a trailers-only

@@ -3,20 +3,23 @@
 //! connects and sends nothing is closed after the connect timeout instead
 //! of holding a connection (and a file descriptor) forever.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
 use super::held::Held;
+use crate::sync::lock;
 
 /// The HTTP/2 client connection preface is this long.
 const PREFACE_LEN: usize = 24;
@@ -67,22 +70,79 @@ impl Io {
     }
 }
 
-/// A place among the connections a listener keeps open (see
+/// Refusals under way at once at most (each holds a socket for up to a
+/// second, a TLS one a handshake too): past it a connection over the cap
+/// is closed without a word.
+const MAX_REFUSING: usize = 64;
+
+/// The connections a listener keeps open, in all and per peer address (see
 /// [`TransportConfig::max_connections`](crate::TransportConfig::max_connections)).
 #[derive(Debug)]
-pub(crate) struct Slot(Arc<AtomicUsize>);
+pub(crate) struct Slots {
+    cap: usize,
+    per_peer: usize,
+    /// Open in all, and by peer (None: Unix sockets, one local peer).
+    open: Mutex<(usize, HashMap<Option<IpAddr>, usize>)>,
+    refusing: Arc<Semaphore>,
+}
 
-impl Slot {
-    /// A place, unless `open` already counts `cap` connections.
-    pub(crate) fn take(open: &Arc<AtomicUsize>, cap: usize) -> Option<Slot> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).ok()?;
-        Some(Slot(open.clone()))
+impl Slots {
+    /// At most `cap` connections, `per_peer` of them from one address.
+    pub(crate) fn new(cap: usize, per_peer: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            per_peer,
+            open: Mutex::new((0, HashMap::new())),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+        })
     }
+
+    /// A place for a connection from `peer`, or why there is none.
+    pub(crate) fn take(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<Slot, String> {
+        let mut open = lock(&self.open);
+        let (total, by_peer) = &mut *open;
+        let mine = by_peer.get(&peer).copied().unwrap_or(0);
+        if mine >= self.per_peer {
+            let who = peer.map_or_else(|| "local clients".to_string(), |ip| ip.to_string());
+            return Err(format!(
+                "too many connections from {who}: {mine} open, the server allows {} per peer",
+                self.per_peer
+            ));
+        }
+        if *total >= self.cap {
+            return Err(format!("too many connections: {total} open, the server allows {}", self.cap));
+        }
+        *total += 1;
+        *by_peer.entry(peer).or_insert(0) += 1;
+        Ok(Slot { slots: self.clone(), peer })
+    }
+
+    /// Leave to refuse one more connection (None: too many refusals under
+    /// way; close it without a word).
+    pub(crate) fn refusal(&self) -> Option<OwnedSemaphorePermit> {
+        self.refusing.clone().try_acquire_owned().ok()
+    }
+}
+
+/// A connection's place among a listener's [`Slots`], given back when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    slots: Arc<Slots>,
+    peer: Option<IpAddr>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut open = lock(&self.slots.open);
+        let (total, by_peer) = &mut *open;
+        *total -= 1;
+        if let Some(n) = by_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                by_peer.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -146,10 +206,12 @@ impl Drop for Io {
 }
 
 /// What the server knows of the connection a gRPC call came on, in the
-/// request's extensions (`req.extensions().get::<ConnectInfo>()`); tonic's
-/// own `remote_addr()` does not see it.
+/// request's extensions (`req.extensions().get::<ConnectInfo>()`); the
+/// listener also puts tonic's `TcpConnectInfo` there, so `remote_addr()`
+/// and `local_addr()` of a tonic request work as usual.
 #[derive(Clone, Debug)]
 pub struct ConnectInfo {
+    local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     pub(crate) held: Arc<Held>,
 }
@@ -158,6 +220,12 @@ impl ConnectInfo {
     /// The client's address (None over a Unix socket).
     pub fn remote_addr(&self) -> Option<SocketAddr> {
         self.remote
+    }
+
+    /// The server's address the client connected to (None over a Unix
+    /// socket).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
     }
 }
 
@@ -170,7 +238,11 @@ impl Connected for Io {
             Sock::Tls(s) => Some(s.get_ref().0),
             Sock::Unix(_) | Sock::Gone => None,
         };
-        ConnectInfo { remote: tcp.and_then(|s| s.peer_addr().ok()), held: self.held.clone() }
+        ConnectInfo {
+            local: tcp.and_then(|s| s.local_addr().ok()),
+            remote: tcp.and_then(|s| s.peer_addr().ok()),
+            held: self.held.clone(),
+        }
     }
 }
 

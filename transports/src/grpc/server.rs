@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,11 +16,14 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::service::Routes;
+use tonic::transport::server::TcpConnectInfo;
 
 use super::body::{Ending, Item, MessageSource, OutBody};
 use super::held::Share;
-use super::io::{ConnectInfo, Io, Slot, Sock, refuse};
-use super::settings::{ContentType, H2, Method, SERVICE, content_type, limits, transport_name, tune_tcp};
+use super::io::{ConnectInfo, Io, Slots, Sock, refuse};
+use super::settings::{
+    ContentType, H2, Method, SERVICE, content_type, limits, message_limit, transport_name, tune_tcp,
+};
 use super::streams::{GrpcRecv, Halves, QUEUE, ResponseSend, Source, next_id};
 use super::wire::Limits;
 use crate::sync::lock;
@@ -269,7 +271,8 @@ pub async fn listen_with(
         .max_frame_size(g.max_frame_size)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(config.keepalive_interval)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .layer(tonic::service::InterceptorLayer::new(tcp_connect_info));
     let router = builder.add_routes(extra.add_service(svc));
     let mut stop = closed_rx;
     let server = tokio::spawn(async move {
@@ -288,15 +291,26 @@ pub async fn listen_with(
     }))
 }
 
+/// Puts tonic's `TcpConnectInfo` beside ours in every request, so the
+/// services mounted beside ours see `remote_addr()` as usual.
+fn tcp_connect_info(mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+    if let Some(c) = req.extensions().get::<ConnectInfo>() {
+        let tcp = TcpConnectInfo { local_addr: c.local_addr(), remote_addr: c.remote_addr() };
+        req.extensions_mut().insert(tcp);
+    }
+    Ok(req)
+}
+
 async fn accept_loop(
     bound: Bound,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     config: TransportConfig,
     tx: mpsc::Sender<std::io::Result<Io>>,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
-    let cap = config.max_connections.unwrap_or(usize::MAX);
-    let held_cap = usize::try_from(config.connection_window).unwrap_or(usize::MAX);
+    let slots =
+        Slots::new(config.max_connections.unwrap_or(usize::MAX), config.max_connections_per_peer.unwrap_or(usize::MAX));
+    // At least one whole message, so a lone call can always complete one.
+    let held_cap = usize::try_from(config.connection_window).unwrap_or(usize::MAX).max(message_limit(&config));
     let timeout = config.connect_timeout;
     loop {
         let accepted = match &bound {
@@ -306,42 +320,48 @@ async fn accept_loop(
         if accepted.is_ok() {
             crate::listener::accepted();
         }
-        // Counted from the accept (a TLS handshake holds a socket too).
-        let slot = accepted.is_ok().then(|| Slot::take(&open, cap)).flatten();
-        let full = (slot.is_none() && accepted.is_ok()).then(|| {
-            format!("too many connections: {cap} open, the server allows {cap} (TransportConfig::max_connections)")
-        });
         match accepted {
             Ok((Some(s), _, addr)) => {
                 tune_tcp(&s, &config);
-                match &acceptor {
-                    None => match full {
-                        Some(reason) => {
-                            tracing::info!(peer = ?addr, %reason, "gRPC connection refused");
-                            tokio::spawn(async move { refuse(s, &reason).await });
-                        }
-                        None => {
-                            if tx.send(Ok(Io::new(Sock::Tcp(s), timeout, held_cap, slot))).await.is_err() {
-                                return;
+                // Counted from the accept (a TLS handshake holds a socket too).
+                let slot = match slots.take(addr.map(|a| a.ip())) {
+                    Ok(slot) => slot,
+                    Err(reason) => {
+                        let Some(permit) = slots.refusal() else { continue };
+                        tracing::info!(peer = ?addr, %reason, "gRPC connection refused");
+                        let acceptor = acceptor.clone();
+                        tokio::spawn(async move {
+                            let _permit = permit;
+                            match acceptor {
+                                None => refuse(s, &reason).await,
+                                // The refusal is said inside TLS (the client
+                                // reads nothing before its handshake).
+                                Some(acc) => {
+                                    if let Ok(Ok(t)) = tokio::time::timeout(timeout, acc.accept(s)).await {
+                                        refuse(t, &reason).await
+                                    }
+                                }
                             }
+                        });
+                        continue;
+                    }
+                };
+                match &acceptor {
+                    None => {
+                        if tx.send(Ok(Io::new(Sock::Tcp(s), timeout, held_cap, Some(slot)))).await.is_err() {
+                            return;
                         }
-                    },
+                    }
                     Some(acc) => {
                         // Each handshake in its own task: a slow client never
                         // delays the others. It gets the connect timeout.
                         let (acc, tx) = (acc.clone(), tx.clone());
                         tokio::spawn(async move {
                             match tokio::time::timeout(timeout, acc.accept(s)).await {
-                                Ok(Ok(t)) => match full {
-                                    Some(reason) => {
-                                        tracing::info!(peer = ?addr, %reason, "gRPC connection refused");
-                                        refuse(t, &reason).await
-                                    }
-                                    None => {
-                                        let io = Io::new(Sock::Tls(Box::new(t)), timeout, held_cap, slot);
-                                        let _ = tx.send(Ok(io)).await;
-                                    }
-                                },
+                                Ok(Ok(t)) => {
+                                    let io = Io::new(Sock::Tls(Box::new(t)), timeout, held_cap, Some(slot));
+                                    let _ = tx.send(Ok(io)).await;
+                                }
                                 Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
                                 Err(_) => tracing::info!(peer = ?addr, "TLS handshake timed out"),
                             }
@@ -349,14 +369,19 @@ async fn accept_loop(
                     }
                 }
             }
-            Ok((None, Some(s), _)) => match full {
-                Some(reason) => {
-                    tracing::info!(%reason, "gRPC connection refused");
-                    tokio::spawn(async move { refuse(s, &reason).await });
-                }
-                None => {
-                    if tx.send(Ok(Io::new(Sock::Unix(s), timeout, held_cap, slot))).await.is_err() {
+            Ok((None, Some(s), _)) => match slots.take(None) {
+                Ok(slot) => {
+                    if tx.send(Ok(Io::new(Sock::Unix(s), timeout, held_cap, Some(slot)))).await.is_err() {
                         return;
+                    }
+                }
+                Err(reason) => {
+                    if let Some(permit) = slots.refusal() {
+                        tracing::info!(%reason, "gRPC connection refused");
+                        tokio::spawn(async move {
+                            let _permit = permit;
+                            refuse(s, &reason).await
+                        });
                     }
                 }
             },

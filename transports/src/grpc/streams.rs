@@ -50,7 +50,7 @@ pub(crate) fn status_error(peer: &str, stream: u64, s: &Status) -> StreamError {
         Code::Cancelled => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::Unavailable => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::ResourceExhausted => {
-            StreamError::Protocol { peer, reason: format!("message over the size limit: {}", s.message()) }
+            StreamError::Protocol { peer, reason: format!("resource exhausted: {}", s.message()) }
         }
         c => StreamError::Protocol { peer, reason: format!("gRPC status {c:?}: {}", s.message()) },
     }

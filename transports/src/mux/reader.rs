@@ -37,8 +37,11 @@ const READ_BUF: usize = 64 << 10;
 
 /// Full read buffers kept for reuse once every frame cut from them is
 /// dropped (see [`Reader::make_room`]): a connection holds at most this
-/// many more than the one it reads into, enough for 64 calls in flight
-/// whose 4 KiB answers wait in their streams.
+/// many more than the one it reads into (512 KiB), enough for 64 calls in
+/// flight whose 4 KiB answers wait in their streams. Those no frame holds
+/// go when a read finds the current buffer free again (the load has
+/// passed); a connection that goes quiet right after a burst keeps them
+/// until its next reads.
 const SPARE_BUFS: usize = 8;
 
 /// How long a connection closed on this side keeps reading (and dropping)
@@ -226,11 +229,13 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
     fn make_room(&mut self, need: usize) {
         if self.buf.try_reclaim(need) {
             // Every frame read so far has been consumed: the load that
-            // needed spares has passed, so one goes (kept spares are idle
-            // memory).
-            self.spare.pop();
+            // needed spares has passed, so those no frame holds go (kept
+            // spares are idle memory).
+            self.spare.retain_mut(|b| !b.try_reclaim(READ_BUF));
             return;
         }
+        // A spare grown for a large frame header is not kept for reuse.
+        self.spare.retain_mut(|b| !b.try_reclaim(READ_BUF) || b.capacity() <= 2 * READ_BUF);
         let reusable = self.spare.iter_mut().position(|b| b.try_reclaim(need));
         let mut next = match reusable {
             Some(i) => self.spare.swap_remove(i),
