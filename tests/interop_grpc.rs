@@ -300,3 +300,38 @@ async fn auth_token_is_checked_on_every_grpc_call() {
     let mut good = CompatClient::connect_with(&url, &ok).await.unwrap();
     assert!(good.send_tensors(vec![x]).await.unwrap().success);
 }
+
+/// The compat service checks a caller's token before it reads the
+/// request: an unauthenticated `SendTensors` whose request announces 60 MiB
+/// (and never sends them) is answered UNAUTHENTICATED at once, instead of
+/// the server waiting to collect (and hold) the whole message first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compat_tokens_are_checked_before_a_request_is_read() {
+    use tonic::codegen::{Service as _, http};
+    let cfg = ServerConfig { auth_token: Some("s3cret".into()), ..Default::default() };
+    let (server, _dir) = start(store_server(cfg), "grpc").await;
+    let ep = tensorwire_transports::Endpoint::parse(&server.url()).unwrap();
+    let mut chan = tensorwire_transports::grpc::channel(&ep, &Default::default()).await.unwrap();
+    type Piece = Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Piece>(1);
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&(60u32 << 20).to_be_bytes());
+    tx.send(Ok(hyper::body::Frame::data(bytes::Bytes::from(prefix)))).await.unwrap();
+    let body = tonic::body::Body::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    let uri = format!("{}/skytorch.torch.Service/SendTensors", chan.origin().to_string().trim_end_matches('/'));
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    std::future::poll_fn(|cx| chan.poll_ready(cx)).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), chan.call(req))
+        .await
+        .expect("answered without waiting for the request's message")
+        .unwrap();
+    let status = resp.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED: {:?}", resp.headers());
+    drop(tx);
+}

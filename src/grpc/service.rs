@@ -25,6 +25,7 @@ use tensorwire_transports::grpc::{self as tgrpc, Routes};
 use tensorwire_transports::{Endpoint, ListenError, Listener, StreamKind};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Streaming};
 
 use super::chunks::{Assembler, decode_tensor, encode_chunks};
@@ -64,6 +65,14 @@ pub(crate) async fn listen(ep: &Endpoint, inner: &Arc<ServerInner>) -> Result<Bo
     let compat = ServiceServer::new(Compat { inner: inner.clone() })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
+    // The token is checked before a request message is read: an
+    // unauthenticated `SendTensors` would otherwise have its request (up to
+    // the message limit) decoded first.
+    let auth = inner.clone();
+    let compat = InterceptedService::new(compat, move |req: Request<()>| {
+        Compat::authorize(&auth, &req)?;
+        Ok(req)
+    });
     let routes = Routes::new(health).add_service(v1).add_service(v1alpha).add_service(compat);
     // The server's connection cap applies to its gRPC listener too.
     let mut transport = inner.config.transport.clone();
@@ -88,18 +97,19 @@ struct Piped {
 }
 
 impl Compat {
-    fn check_auth<T>(&self, req: &Request<T>) -> Result<(), tonic::Status> {
+    /// Checks the caller's token (metadata `authorization: Bearer …`),
+    /// before its messages are read (see the interceptor in `listen`).
+    fn authorize<T>(inner: &ServerInner, req: &Request<T>) -> Result<(), tonic::Status> {
         let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
         let given = given.strip_prefix("Bearer ").unwrap_or("");
-        self.inner
+        inner
             .auth
             .check(&Self::peer(req), given)
             .map_err(|s| tonic::Status::unauthenticated(format!("{} (metadata authorization: Bearer …)", s.message)))
     }
 
-    /// Checks the caller's token and starts `request` as a native call would.
+    /// Starts `request` as a native call from the (authorized) caller would.
     async fn begin<T>(&self, req: &Request<T>, kind: StreamKind, request: v1::Request) -> Result<Piped, tonic::Status> {
-        self.check_auth(req)?;
         self.start(kind, Self::peer(req), request).await
     }
 
