@@ -310,6 +310,8 @@ impl CallError {
             CallError::Remote(s) => s.code,
             CallError::Connect(_) => Code::Unavailable,
             CallError::Stream(e) if e.is_connection_error() => Code::Unavailable,
+            CallError::Stream(StreamError::ResourceExhausted { .. }) => Code::ResourceExhausted,
+            CallError::Stream(StreamError::LimitExceeded { .. }) => Code::LimitExceeded,
             CallError::Stream(_) => Code::Cancelled,
             CallError::Protocol { .. } => Code::Protocol,
             CallError::Decode(e) => Status::from(e.clone()).code,

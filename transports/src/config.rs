@@ -13,9 +13,9 @@ pub struct TransportConfig {
     /// Bytes received on one connection and not yet consumed, across all
     /// streams, after which the reader stops reading the socket until
     /// consumers catch up (default 256 MiB). Bounds memory per connection.
-    /// A gRPC server connection holds at most this much in unfinished
-    /// messages (plus one message): a call past it stops reading until
-    /// room frees up.
+    /// A gRPC server connection's calls hold at most this much in
+    /// unfinished messages (at least one whole message) before a call
+    /// waits for room ([`GrpcConfig::room_wait`]), and at most twice it.
     pub connection_window: u64,
     /// Largest payload of one frame this side accepts (default 64 MiB).
     pub max_frame_payload: u32,
@@ -310,10 +310,21 @@ pub struct GrpcConfig {
     pub connection_window: u32,
     /// HTTP/2 max frame size (default 1 MiB; HTTP/2 allows up to 16 MiB - 1).
     pub max_frame_size: u32,
+    /// Server: how long a call whose frame finds its connection's
+    /// unfinished messages over
+    /// [`TransportConfig::connection_window`] waits while no message on
+    /// the connection completes, before it fails with `RESOURCE_EXHAUSTED`
+    /// (default 2 s; see `grpc::unfinished_message_bytes`).
+    pub room_wait: Duration,
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
-        Self { stream_window: 16 << 20, connection_window: 64 << 20, max_frame_size: 1 << 20 }
+        Self {
+            stream_window: 16 << 20,
+            connection_window: 64 << 20,
+            max_frame_size: 1 << 20,
+            room_wait: Duration::from_secs(2),
+        }
     }
 }

@@ -275,6 +275,16 @@ pub enum StreamError {
         /// The limit.
         limit: u64,
     },
+    /// The peer holds more of this side's memory than it may (a gRPC
+    /// connection's unfinished messages); the stream ends, the connection
+    /// stays.
+    #[error("{peer}: resource exhausted: {reason}")]
+    ResourceExhausted {
+        /// Peer address.
+        peer: String,
+        /// What was exhausted.
+        reason: String,
+    },
     /// A socket error.
     #[error("I/O error with {peer}: {reason}")]
     Io {

@@ -153,7 +153,7 @@ async fn bad_messages_get_clear_errors_and_the_server_keeps_serving() {
         let text = err.to_string();
         assert!(text.to_lowercase().contains(&want.to_lowercase()), "{want}: {text}");
         if want == "exceeds the limit" {
-            assert!(matches!(err, StreamError::Protocol { .. }), "{err:?}");
+            assert!(matches!(err, StreamError::ResourceExhausted { .. }), "{err:?}");
             assert!(text.contains(&limit.to_string()), "{text}");
         }
         drop((inc.send, recv));
@@ -349,32 +349,31 @@ fn start_send(mut chan: GrpcChannel, body: tonic::body::Body) -> tokio::task::Jo
     })
 }
 
-/// A server connection's calls hold at most `connection_window` bytes of
-/// unfinished messages: hyper hands back a stream's credit as its DATA
-/// frames are read, so without a bound of its own a peer could make the
-/// server hold a whole message per call before any auth token is seen. A
-/// frame past the bound waits (its call reads nothing more, so HTTP/2 flow
-/// control stops its sender) until the others' messages complete, and a
-/// call that waits too long fails with a clear error.
-#[tokio::test]
-async fn unfinished_messages_are_bounded_per_connection() {
-    // Messages of up to ~4 MiB; the connection may hold 4 MiB of them.
+/// A listener whose calls report each frame they receive: (payload
+/// length, first byte), or the error that ended the stream. Messages of up
+/// to ~4 MiB; a connection may hold 4 MiB of unfinished ones (the message
+/// limit); a small HTTP/2 stream window, so the client can only write what
+/// the server has read.
+async fn reporting_server(
+    room_wait: Duration,
+) -> (
+    Box<dyn tensorwire_transports::Listener>,
+    GrpcChannel,
+    tokio::sync::mpsc::UnboundedReceiver<Result<(usize, u8), String>>,
+) {
     let mut cfg = TransportConfig {
         connection_window: 4 << 20,
         max_frame_payload: 4 << 20,
         max_header_bytes: 4 << 10,
         ..TransportConfig::default()
     };
-    // A small stream window: the client can only write what the server
-    // has read, so a fed body that went out was taken by the server.
     cfg.grpc.stream_window = 128 << 10;
+    cfg.grpc.room_wait = room_wait;
     let ep = Endpoint::parse("grpc://127.0.0.1:0").unwrap();
     let mut l = listen(&ep, &cfg).await.unwrap();
     let local = l.local_endpoint();
     let conn = l.accept().await.unwrap();
-    // What the server's streams receive: a frame's (length, first byte), or
-    // the error that ended the stream.
-    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<Result<(usize, u8), String>>();
+    let (got_tx, got) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok(mut inc) = conn.accept().await {
             let got_tx = got_tx.clone();
@@ -398,61 +397,111 @@ async fn unfinished_messages_are_bounded_per_connection() {
         }
     });
     let chan = channel(&local, &cfg).await.unwrap();
-    // Writes the first `upto` bytes of `msg` as a call's body, in 64 KiB
-    // pieces through a one-piece queue: each write waits for the server to
-    // read. Returns the feed (for the rest) and the call.
-    let start_fed = |msg: &Bytes, upto: usize| {
-        let (feed, fed) = tokio::sync::mpsc::channel::<Bytes>(1);
-        let call = start_send(chan.clone(), tonic::body::Body::new(Fed(fed)));
-        let first = msg.slice(..upto);
-        async move {
-            for piece in first.chunks(64 << 10) {
-                feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
-            }
-            (feed, call)
-        }
-    };
-    let finish = |feed: tokio::sync::mpsc::Sender<Bytes>, rest: Bytes| async move {
-        for piece in rest.chunks(64 << 10) {
-            feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
-        }
-    };
-    let whole = |msg: Bytes| {
-        start_send(chan.clone(), tonic::body::Body::new(Frames(VecDeque::from([http_body::Frame::data(msg)]))))
-    };
-    let msg = |seed: u8, len: usize| message(0, &chunk_frame(u64::from(seed), 0, 0, &vec![seed; len]).encode_to_vec());
+    (l, chan, got)
+}
 
-    // A holds 3.5 MiB of a 4 MiB message. B's first MiB of 2 takes the
-    // connection past its 4 MiB: B waits first, so it goes on. C's whole
-    // 1 MiB message waits behind B.
-    let a_msg = msg(0xA, 4 << 20);
-    let (a_feed, a) = start_fed(&a_msg, 7 << 19).await;
-    let b_msg = msg(0xB, 2 << 20);
-    let (b_feed, b) = start_fed(&b_msg, 1 << 20).await;
-    let c = whole(msg(0xC, 1 << 20));
-    let early = tokio::time::timeout(Duration::from_millis(500), got.recv()).await;
-    assert!(early.is_err(), "C's message went through while the connection was full: {early:?}");
+/// Starts a `Send` call and writes the first `upto` bytes of `msg` as its
+/// body, in 64 KiB pieces; returns the feed (for the rest) and the call.
+async fn start_fed(
+    chan: &GrpcChannel,
+    msg: &Bytes,
+    upto: usize,
+) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<String>) {
+    let (feed, fed) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let call = start_send(chan.clone(), tonic::body::Body::new(Fed(fed)));
+    for piece in msg[..upto].chunks(64 << 10) {
+        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    (feed, call)
+}
+
+async fn finish_fed(feed: tokio::sync::mpsc::Sender<Bytes>, rest: &[u8]) {
+    for piece in rest.chunks(64 << 10) {
+        feed.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+}
+
+fn whole(chan: &GrpcChannel, msg: Bytes) -> tokio::task::JoinHandle<String> {
+    start_send(chan.clone(), tonic::body::Body::new(Frames(VecDeque::from([http_body::Frame::data(msg)]))))
+}
+
+fn seeded(seed: u8, len: usize) -> Bytes {
+    message(0, &chunk_frame(u64::from(seed), 0, 0, &vec![seed; len]).encode_to_vec())
+}
+
+/// Waits until the gRPC servers of this process hold `pred` bytes of
+/// unfinished messages (the server has read what was written).
+async fn held_until(what: &str, pred: impl Fn(u64) -> bool) -> u64 {
+    for _ in 0..2000 {
+        let n = tensorwire_transports::grpc::unfinished_message_bytes();
+        if pred(n) {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: the server holds {} bytes", tensorwire_transports::grpc::unfinished_message_bytes());
+}
+
+/// A server connection's calls hold at most `connection_window` bytes of
+/// unfinished messages: hyper hands back a stream's credit as its DATA
+/// frames are read, so without a bound of its own a peer could make the
+/// server hold a whole message per call before any auth token is seen. A
+/// frame past the bound waits (its call reads nothing more, so HTTP/2 flow
+/// control stops its sender) while the call that began waiting first goes
+/// on; once that one's message is complete the next goes on.
+#[tokio::test]
+async fn unfinished_messages_are_bounded_per_connection() {
+    let (_l, chan, mut got) = reporting_server(Duration::from_secs(60)).await;
+    // A holds 3.5 MiB of a 4 MiB message (within the cap).
+    let a_msg = seeded(0xA, 4 << 20);
+    let (a_feed, a) = start_fed(&chan, &a_msg, 7 << 19).await;
+    held_until("A's first 3.5 MiB", |n| n == 7 << 19).await;
+    // B's first MiB of 2 takes the connection past its cap: B waits first,
+    // so it goes on (and leads until its message is complete).
+    let b_msg = seeded(0xB, 2 << 20);
+    let (b_feed, b) = start_fed(&chan, &b_msg, 1 << 20).await;
+    let ab = held_until("B's first MiB", |n| n == (7 << 19) + (1 << 20)).await;
+    // C's whole 1 MiB message waits behind B.
+    let c = whole(&chan, seeded(0xC, 1 << 20));
+    held_until("C's first frame", |n| n > ab).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), got.recv()).await;
+    assert!(early.is_err(), "C's message went through while B led a full connection: {early:?}");
     // B's message completes: the server takes it, then C goes on.
-    finish(b_feed, b_msg.slice(1 << 20..)).await;
+    finish_fed(b_feed, &b_msg[1 << 20..]).await;
     assert_eq!(got.recv().await.unwrap().unwrap(), (2 << 20, 0xB), "B's message, whole");
     assert_eq!(got.recv().await.unwrap().unwrap(), (1 << 20, 0xC), "then C's");
     assert_eq!(b.await.unwrap(), "0");
     assert_eq!(c.await.unwrap(), "0");
-
-    // D goes past the cap (it leads) and never finishes its message: E,
-    // behind it, waits its time and fails with why.
-    let d_msg = msg(0xD, 2 << 20);
-    let (d_feed, d) = start_fed(&d_msg, 1 << 20).await;
-    let _e = whole(msg(0xE, 1 << 20));
-    let e = got.recv().await.unwrap().expect_err("E fails");
-    assert!(e.contains("unfinished messages") && e.contains("connection_window"), "{e}");
-    // D's client gives up: its bytes come back, and A completes.
-    drop(d_feed);
-    d.abort();
-    assert!(got.recv().await.unwrap().is_err(), "D's stream ends with an error");
-    finish(a_feed, a_msg.slice(7 << 19..)).await;
+    finish_fed(a_feed, &a_msg[7 << 19..]).await;
     assert_eq!(got.recv().await.unwrap().unwrap(), (4 << 20, 0xA), "A's message, whole");
     assert_eq!(a.await.unwrap(), "0");
+    held_until("every message taken", |n| n == 0).await;
+}
+
+/// A call that waits for room while no message on its connection
+/// completes fails with why once `room_wait` has passed; the calls it
+/// waited behind are unharmed.
+#[tokio::test]
+async fn a_call_that_waits_too_long_for_room_fails_with_why() {
+    let (_l, chan, mut got) = reporting_server(Duration::from_millis(300)).await;
+    let d_msg = seeded(0xD, 4 << 20);
+    let (d_feed, d) = start_fed(&chan, &d_msg, 7 << 19).await;
+    held_until("D's first 3.5 MiB", |n| n == 7 << 19).await;
+    // F leads past the cap and never finishes its message; E waits behind it.
+    let f_msg = seeded(0xF, 2 << 20);
+    let (f_feed, f) = start_fed(&chan, &f_msg, 1 << 20).await;
+    held_until("F's first MiB", |n| n == (7 << 19) + (1 << 20)).await;
+    let _e = whole(&chan, seeded(0xE, 1 << 20));
+    let e = got.recv().await.unwrap().expect_err("E fails");
+    assert!(e.contains("resource exhausted") && e.contains("unfinished messages"), "{e}");
+    // F's client gives up; D completes.
+    drop(f_feed);
+    f.abort();
+    assert!(got.recv().await.unwrap().is_err(), "F's stream ends with an error");
+    finish_fed(d_feed, &d_msg[7 << 19..]).await;
+    assert_eq!(got.recv().await.unwrap().unwrap(), (4 << 20, 0xD), "D's message, whole");
+    assert_eq!(d.await.unwrap(), "0");
+    held_until("every message taken or dropped", |n| n == 0).await;
 }
 
 /// A gRPC listener keeps at most `max_connections` open (and at most

@@ -188,7 +188,8 @@ impl MessageSource {
                         }
                         return Ok(Some(m));
                     }
-                    Ok(None) => {}
+                    // Held until more frames come: kept in memory of its own.
+                    Ok(None) => self.dec.detach(),
                     Err(e) => self.fail(wire_status(e)),
                 }
             }
@@ -217,11 +218,17 @@ impl MessageSource {
                     Ok(data) => {
                         // Counted as it arrives (it is held from now on);
                         // pushed once the connection has room.
-                        if let Some(share) = &mut self.share
-                            && let Err(full) = share.add(data.len())
-                        {
-                            self.fail(Status::resource_exhausted(full.to_string()));
-                            continue;
+                        let mut data = data;
+                        if let Some(share) = &mut self.share {
+                            if let Err(full) = share.add(data.len()) {
+                                self.fail(Status::resource_exhausted(full.to_string()));
+                                continue;
+                            }
+                            // It may wait a while: not as a view that keeps
+                            // a read buffer alive.
+                            if share.must_wait() {
+                                data = Bytes::copy_from_slice(&data);
+                            }
                         }
                         self.waiting = Some(data);
                         continue;
@@ -248,6 +255,10 @@ impl MessageSource {
                     Ok(())
                 }
             });
+            // The body is over: no message is unfinished any more.
+            if let Some(share) = &mut self.share {
+                share.settle(0);
+            }
             self.end = Some(ended);
         }
     }

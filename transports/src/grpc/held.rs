@@ -7,20 +7,27 @@
 //! them has shown an auth token.
 //!
 //! Each call's [`Share`] counts the DATA frames its decoder holds (the
-//! message being collected) against its connection's [`Held`], whose cap
-//! is [`TransportConfig::connection_window`](crate::TransportConfig::connection_window)
+//! message being collected; frames it keeps are copied out of hyper's
+//! read buffers, see `body`, so what is counted is what is held) against
+//! its connection's [`Held`], whose cap is
+//! [`TransportConfig::connection_window`](crate::TransportConfig::connection_window)
 //! (at least one whole message). A frame that would take the connection
 //! past twice its cap fails its call with `RESOURCE_EXHAUSTED` (which gives
 //! its bytes and its HTTP/2 credit back). A frame that takes it past its
 //! cap is held, counted, while its call waits for the others' messages to
 //! complete; meanwhile the call that began waiting first (in its current
 //! message) goes on, so calls that each hold part of a message do not wait
-//! for each other. A call that waits [`ROOM_WAIT`] fails too: that undoes
-//! the waits that room alone cannot end (a leader whose handler stopped
-//! reading, or whose next frames HTTP/2 flow control holds behind the
-//! waiting calls' unread ones). So a connection holds at most twice its cap.
+//! for each other. A waiting call fails too once no message on the
+//! connection has completed for
+//! [`GrpcConfig::room_wait`](crate::config::GrpcConfig::room_wait) (and it
+//! has waited that long): that undoes the waits that room alone cannot end
+//! (a leader whose handler stopped reading, or whose next frames HTTP/2
+//! flow control holds behind the waiting calls' unread ones). So a
+//! connection holds at most twice its cap, besides what HTTP/2's own
+//! connection window lets hyper buffer unread.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,8 +36,16 @@ use tokio::time::Instant;
 
 use crate::sync::lock;
 
-/// Longest a call's frame waits for room (see the module doc).
-pub(crate) const ROOM_WAIT: Duration = Duration::from_secs(2);
+/// What every gRPC server connection of this process holds in unfinished
+/// messages.
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of unfinished gRPC messages that the gRPC servers of this process
+/// hold now, across their connections (each connection's share is bounded
+/// by [`TransportConfig::connection_window`](crate::TransportConfig::connection_window)).
+pub fn unfinished_message_bytes() -> u64 {
+    HELD.load(Ordering::Relaxed)
+}
 
 /// The unfinished-message bytes of one connection.
 #[derive(Debug)]
@@ -42,23 +57,23 @@ pub(crate) struct Held {
     room: Notify,
 }
 
-/// The bytes held, and the calls that have waited for room in their
-/// current message, in the order they began to (the first goes on).
-#[derive(Debug, Default)]
+/// The bytes held, the calls that have waited for room in their current
+/// message, in the order they began to (the first goes on), and when a
+/// message last completed (or a call gave its bytes back).
+#[derive(Debug)]
 struct State {
     total: usize,
     next_ticket: u64,
     waited: BTreeSet<u64>,
+    progress: Instant,
 }
 
 impl Held {
-    /// A connection's account, capped at `cap` bytes.
-    pub(crate) fn new(cap: usize) -> Arc<Self> {
-        Self::waiting(cap, ROOM_WAIT)
-    }
-
-    fn waiting(cap: usize, wait: Duration) -> Arc<Self> {
-        Arc::new(Self { cap, wait, state: Mutex::new(State::default()), room: Notify::new() })
+    /// A connection's account, capped at `cap` bytes; a call waits for
+    /// room while messages complete, and at most `wait` after the last did.
+    pub(crate) fn new(cap: usize, wait: Duration) -> Arc<Self> {
+        let state = State { total: 0, next_ticket: 0, waited: BTreeSet::new(), progress: Instant::now() };
+        Arc::new(Self { cap, wait, state: Mutex::new(state), room: Notify::new() })
     }
 
     /// The bytes held now, across the connection's calls.
@@ -83,14 +98,15 @@ impl std::fmt::Display for Full {
         if let Some(waited) = self.waited {
             write!(
                 f,
-                "this connection's calls held {total} bytes of unfinished messages, over its {cap} \
-                 (TransportConfig::connection_window), for {waited:?}: the call was not read further"
+                "this connection's calls held {total} bytes of unfinished messages, over its cap of {cap} \
+                 (TransportConfig::connection_window, at least one message), and none completed for {waited:?}: \
+                 the call was not read further"
             )
         } else {
             write!(
                 f,
-                "this connection's calls would hold {total} bytes of unfinished messages, over twice its {cap} \
-                 (TransportConfig::connection_window): the call was not read further"
+                "this connection's calls would hold {total} bytes of unfinished messages, over twice its cap of \
+                 {cap} (TransportConfig::connection_window, at least one message): the call was not read further"
             )
         }
     }
@@ -102,8 +118,9 @@ impl std::fmt::Display for Full {
 pub(crate) struct Share {
     conn: Arc<Held>,
     bytes: usize,
-    /// Until when the frame counted last may wait for room.
-    deadline: Option<Instant>,
+    /// When the frame counted last found the connection over its cap (it
+    /// waits for room).
+    over_since: Option<Instant>,
     /// Its place among the calls that have waited in their current message.
     ticket: Option<u64>,
 }
@@ -111,7 +128,7 @@ pub(crate) struct Share {
 impl Share {
     /// A call's share, holding nothing yet.
     pub(crate) fn new(conn: Arc<Held>) -> Self {
-        Self { conn, bytes: 0, deadline: None, ticket: None }
+        Self { conn, bytes: 0, over_since: None, ticket: None }
     }
 
     /// Counts a frame of `n` bytes that arrived; refused (nothing counted)
@@ -126,24 +143,31 @@ impl Share {
             return Err(Full { total: st.total.saturating_add(n), cap, waited: None });
         }
         st.total += n;
+        HELD.fetch_add(n as u64, Ordering::Relaxed);
         self.bytes += n;
-        self.deadline = (st.total > cap).then(|| Instant::now() + self.conn.wait);
+        self.over_since = (st.total > cap).then(Instant::now);
         Ok(())
     }
 
+    /// Whether the frame counted last waits for room.
+    pub(crate) fn must_wait(&self) -> bool {
+        self.over_since.is_some()
+    }
+
     /// Waits until the connection is within its cap again, or this call is
-    /// the first that waited (at once when either holds), at most until
-    /// the deadline of the frame counted last. Cancel-safe: it takes a
+    /// the first that waited (at once when either holds); fails once no
+    /// message has completed for the connection's wait, counted from when
+    /// the frame began to wait at the earliest. Cancel-safe: it takes a
     /// place among the waiting calls, which it keeps until its message is
     /// complete.
     pub(crate) async fn room(&mut self) -> Result<(), Full> {
-        let Some(deadline) = self.deadline else { return Ok(()) };
+        let Some(since) = self.over_since else { return Ok(()) };
         let cap = self.conn.cap;
         loop {
             let notified = self.conn.room.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let total = {
+            let (total, deadline) = {
                 let mut st = lock(&self.conn.state);
                 let ticket = match self.ticket {
                     Some(t) => t,
@@ -156,14 +180,16 @@ impl Share {
                     }
                 };
                 if st.total <= cap || st.waited.first() == Some(&ticket) {
-                    self.deadline = None;
+                    self.over_since = None;
                     return Ok(());
                 }
-                st.total
+                (st.total, st.progress.max(since) + self.conn.wait)
             };
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if Instant::now() >= deadline {
                 return Err(Full { total, cap, waited: Some(self.conn.wait) });
             }
+            // Woken by any change; the deadline is looked at again then.
+            let _ = tokio::time::timeout_at(deadline, notified).await;
         }
     }
 
@@ -179,7 +205,12 @@ impl Share {
         }
         {
             let mut st = lock(&self.conn.state);
-            st.total -= self.bytes - now;
+            let freed = self.bytes - now;
+            st.total -= freed;
+            HELD.fetch_sub(freed as u64, Ordering::Relaxed);
+            if freed > 0 {
+                st.progress = Instant::now();
+            }
             if let Some(t) = ticket {
                 st.waited.remove(&t);
             }
@@ -201,7 +232,7 @@ mod tests {
 
     #[tokio::test]
     async fn frames_past_the_cap_wait_for_room_and_past_twice_it_are_refused() {
-        let conn = Held::new(100);
+        let conn = Held::new(100, Duration::from_secs(60));
         let (mut a, mut b, mut c) = (Share::new(conn.clone()), Share::new(conn.clone()), Share::new(conn.clone()));
         a.add(90).unwrap();
         a.room().await.unwrap();
@@ -233,7 +264,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_frame_that_waits_too_long_fails_its_call() {
-        let conn = Held::waiting(100, Duration::from_millis(50));
+        let conn = Held::new(100, Duration::from_millis(50));
         let (mut a, mut b, mut c) = (Share::new(conn.clone()), Share::new(conn.clone()), Share::new(conn.clone()));
         a.add(90).unwrap();
         b.add(20).unwrap();

@@ -57,16 +57,9 @@ pub(crate) struct Io {
 
 impl Io {
     /// `sock`, which must send the HTTP/2 preface within `timeout`; its
-    /// calls may hold `held_cap` bytes of unfinished messages.
-    pub(crate) fn new(sock: Sock, timeout: Duration, held_cap: usize, slot: Option<Slot>) -> Self {
-        Self {
-            sock,
-            preface: Some(Box::pin(tokio::time::sleep(timeout))),
-            seen: 0,
-            linger: true,
-            held: Held::new(held_cap),
-            slot,
-        }
+    /// calls' unfinished messages are counted in `held`.
+    pub(crate) fn new(sock: Sock, timeout: Duration, held: Arc<Held>, slot: Option<Slot>) -> Self {
+        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0, linger: true, held, slot }
     }
 }
 

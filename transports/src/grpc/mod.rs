@@ -66,6 +66,7 @@ mod streams;
 mod wire;
 
 pub use client::{GrpcChannel, RequestBody, channel, connect};
+pub use held::unfinished_message_bytes;
 pub use io::ConnectInfo;
 pub use server::{listen, listen_with};
 pub use settings::message_limit;

@@ -19,7 +19,7 @@ use tonic::service::Routes;
 use tonic::transport::server::TcpConnectInfo;
 
 use super::body::{Ending, Item, MessageSource, OutBody};
-use super::held::Share;
+use super::held::{Held, Share};
 use super::io::{ConnectInfo, Io, Slots, Sock, refuse};
 use super::settings::{
     ContentType, H2, Method, SERVICE, content_type, limits, message_limit, transport_name, tune_tcp,
@@ -312,6 +312,7 @@ async fn accept_loop(
     // At least one whole message, so a lone call can always complete one.
     let held_cap = usize::try_from(config.connection_window).unwrap_or(usize::MAX).max(message_limit(&config));
     let timeout = config.connect_timeout;
+    let room_wait = config.grpc.room_wait;
     loop {
         let accepted = match &bound {
             Bound::Tcp(l) => l.accept().await.map(|(s, a)| (Some(s), None, Some(a))),
@@ -348,7 +349,11 @@ async fn accept_loop(
                 };
                 match &acceptor {
                     None => {
-                        if tx.send(Ok(Io::new(Sock::Tcp(s), timeout, held_cap, Some(slot)))).await.is_err() {
+                        if tx
+                            .send(Ok(Io::new(Sock::Tcp(s), timeout, Held::new(held_cap, room_wait), Some(slot))))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -359,7 +364,12 @@ async fn accept_loop(
                         tokio::spawn(async move {
                             match tokio::time::timeout(timeout, acc.accept(s)).await {
                                 Ok(Ok(t)) => {
-                                    let io = Io::new(Sock::Tls(Box::new(t)), timeout, held_cap, Some(slot));
+                                    let io = Io::new(
+                                        Sock::Tls(Box::new(t)),
+                                        timeout,
+                                        Held::new(held_cap, room_wait),
+                                        Some(slot),
+                                    );
                                     let _ = tx.send(Ok(io)).await;
                                 }
                                 Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
@@ -371,7 +381,11 @@ async fn accept_loop(
             }
             Ok((None, Some(s), _)) => match slots.take(None) {
                 Ok(slot) => {
-                    if tx.send(Ok(Io::new(Sock::Unix(s), timeout, held_cap, Some(slot)))).await.is_err() {
+                    if tx
+                        .send(Ok(Io::new(Sock::Unix(s), timeout, Held::new(held_cap, room_wait), Some(slot))))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -49,9 +49,7 @@ pub(crate) fn status_error(peer: &str, stream: u64, s: &Status) -> StreamError {
         // is the cause to report.
         Code::Cancelled => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::Unavailable => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
-        Code::ResourceExhausted => {
-            StreamError::Protocol { peer, reason: format!("resource exhausted: {}", s.message()) }
-        }
+        Code::ResourceExhausted => StreamError::ResourceExhausted { peer, reason: s.message().to_string() },
         c => StreamError::Protocol { peer, reason: format!("gRPC status {c:?}: {}", s.message()) },
     }
 }

@@ -172,6 +172,8 @@ pub(crate) struct Decoder {
     got: usize,
     /// What [`next`](Self::next) has not read yet of the pushed frames.
     unread: Bytes,
+    /// The last of `pieces` is a view of a pushed frame (not yet detached).
+    viewed: bool,
 }
 
 impl Decoder {
@@ -186,7 +188,24 @@ impl Decoder {
             merged: None,
             got: 0,
             unread: Bytes::new(),
+            viewed: false,
         }
+    }
+
+    /// Copies what the decoder keeps of the frame pushed last into memory
+    /// of its own. A frame's bytes are a view of the connection's read
+    /// buffer, so a piece of a few bytes kept for an unfinished message can
+    /// keep a buffer of a megabyte alive; call this when
+    /// [`next`](Self::next) returned `None` (the frames are then held until
+    /// more come), so what the decoder holds is what [`held`](Self::held)
+    /// counts. Pieces of earlier frames were detached already.
+    pub(crate) fn detach(&mut self) {
+        if self.viewed
+            && let Some(last) = self.pieces.last_mut()
+        {
+            *last = Bytes::copy_from_slice(last);
+        }
+        self.viewed = false;
     }
 
     /// Adds a DATA frame after what is unread (normally nothing: callers
@@ -232,6 +251,7 @@ impl Decoder {
                     Some(m) => vec![m.freeze()],
                     None => std::mem::take(&mut self.pieces),
                 };
+                self.viewed = false;
                 self.need = None;
                 self.got = 0;
                 return parse(pieces, need, self.limits.header).map(Some);
@@ -245,12 +265,14 @@ impl Decoder {
                 m.extend_from_slice(&piece);
             } else if self.pieces.len() < MAX_PIECES {
                 self.pieces.push(piece);
+                self.viewed = true;
             } else {
                 // `need` was checked against the limit: a bounded buffer.
                 let mut m = BytesMut::with_capacity(need);
                 for p in self.pieces.drain(..) {
                     m.extend_from_slice(&p);
                 }
+                self.viewed = false;
                 m.extend_from_slice(&piece);
                 self.merged = Some(m);
             }
@@ -436,6 +458,28 @@ mod tests {
                 assert_eq!(got.payload.into_bytes(), want.payload);
             }
         }
+    }
+
+    #[test]
+    fn a_detached_piece_keeps_no_read_buffer_alive() {
+        // The start of an unfinished message, as a view of a large read
+        // buffer: once detached, the buffer is free to go.
+        let msg = Bytes::from(wire(&frame(&[7; 100])));
+        let mut buffer = BytesMut::zeroed(1 << 20);
+        buffer[..20].copy_from_slice(&msg[..20]);
+        let mut buffer = buffer.freeze();
+        let mut d = Decoder::new(lim(1 << 20));
+        d.push(buffer.slice(..20));
+        assert!(d.next().unwrap().is_none());
+        assert!(!buffer.is_unique(), "the piece is a view");
+        d.detach();
+        assert!(buffer.is_unique(), "the piece is a copy");
+        assert_eq!(d.held(), 20 - PREFIX, "the message so far (its prefix is parsed)");
+        // The rest completes the message as before.
+        d.push(msg.slice(20..));
+        let m = d.next().unwrap().expect("the message");
+        assert_eq!(m.payload.into_bytes(), Bytes::from(vec![7u8; 100]));
+        let _ = &mut buffer;
     }
 
     #[test]
