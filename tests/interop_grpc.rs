@@ -335,3 +335,31 @@ async fn compat_tokens_are_checked_before_a_request_is_read() {
     assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED: {:?}", resp.headers());
     drop(tx);
 }
+
+/// Wrong tokens on native gRPC calls are counted per client address, not
+/// for every gRPC client at once (the server's one gRPC "connection"
+/// carries all of them): the refusal names the address it counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_auth_failures_are_counted_per_client_address() {
+    use tensorwire_proto::v1::frame_header::Kind;
+    let cfg = ServerConfig { auth_token: Some("s3cret".into()), max_auth_failures: 2, ..Default::default() };
+    let (server, _dir) = start(store_server(cfg), "grpc").await;
+    let ep = tensorwire_transports::Endpoint::parse(&server.url()).unwrap();
+    let conn = tensorwire_transports::connect(&ep, &Default::default()).await.unwrap();
+    let mut last = String::new();
+    for _ in 0..3 {
+        let (mut tx, mut rx) = conn.open(tensorwire_transports::StreamKind::Call).await.unwrap();
+        let req = tensorwire_proto::v1::Request {
+            method: tensorwire_proto::v1::Method::Info as i32,
+            auth_token: "wrong".into(),
+            ..Default::default()
+        };
+        let head = tensorwire_transports::FrameHeader::new(Kind::Request(Box::new(req)));
+        tx.send_last(tensorwire_transports::Frame::header_only(head)).await.unwrap();
+        match rx.recv().await.unwrap().unwrap().header.kind {
+            Some(Kind::Error(e)) => last = e.message,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+    assert!(last.contains("too many wrong auth tokens from 127.0.0.1"), "{last}");
+}

@@ -27,10 +27,12 @@ use crate::util::sync::lock;
 
 pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
     let _active = inner.begin_call();
-    let Incoming { kind, send, recv } = inc;
+    let Incoming { kind, send, recv, peer } = inc;
+    // A stateless transport's calls come from many clients: each names its own.
+    let peer: Arc<str> = peer.map_or_else(|| sess.peer.clone(), Arc::from);
     let reader = FrameReader::pooled(
         recv,
-        sess.peer.clone(),
+        peer.clone(),
         inner.config.limits.clone(),
         inner.config.placement,
         inner.pool.clone(),
@@ -46,7 +48,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let mut input = TensorStream::new(reader, false);
     let mut req = match input.reader_mut().next().await {
         Ok(Item::Control(h)) => match h.kind {
-            Some(Kind::Hello(hello)) => return handshake(&inner, &sess, *hello, &mut writer).await,
+            Some(Kind::Hello(hello)) => return handshake(&inner, &sess, &peer, *hello, &mut writer).await,
             Some(Kind::Request(r)) => *r,
             _ => {
                 let msg = format!("a call must start with a request, got a {} frame", h.kind_name());
@@ -71,7 +73,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     // Stateless transports (gRPC) bind no calls to a Hello: each call
     // carries the token itself.
     if sess.info.stateless
-        && let Err(s) = inner.auth.check(&sess.info.peer, &req.auth_token)
+        && let Err(s) = inner.auth.check(&peer, &req.auth_token)
     {
         return fail(&mut writer, s).await;
     }
@@ -83,7 +85,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let timeout_ms = req.timeout_ms;
     let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
     let ctx = CallContext {
-        peer: sess.peer.clone(),
+        peer,
         transport: sess.info.transport,
         // The function's name lives on in the context (run_call looks it up there).
         function: std::mem::take(&mut req.function),
@@ -162,12 +164,12 @@ pub(crate) fn accept_hello(hello: &v1::Hello) -> Result<PeerCaps, Status> {
     Ok(PeerCaps::announced(hello.limits, &hello.codecs, &hello.compressions))
 }
 
-async fn handshake(inner: &ServerInner, sess: &Session, hello: v1::Hello, writer: &mut FrameWriter) {
+async fn handshake(inner: &ServerInner, sess: &Session, peer: &str, hello: v1::Hello, writer: &mut FrameWriter) {
     let caps = match accept_hello(&hello) {
         Ok(c) => c,
         Err(s) => return fail(writer, s).await,
     };
-    if let Err(s) = inner.auth.check(&sess.info.peer, &hello.auth_token) {
+    if let Err(s) = inner.auth.check(peer, &hello.auth_token) {
         return fail(writer, s).await;
     }
     // A stateless session is shared by every client: one client's

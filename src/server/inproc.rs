@@ -60,7 +60,7 @@ pub(crate) async fn start(
         active: std::sync::atomic::AtomicU32::new(1),
         since: std::time::Instant::now(),
     });
-    let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in) };
+    let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in), peer: None };
     tokio::spawn(Box::pin(dispatch::handle_stream(inner.clone(), session, inc)));
     // Raw codec in the pipe: tensors pass as slices of their bytes.
     let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };

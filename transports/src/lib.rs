@@ -461,6 +461,10 @@ pub struct Incoming {
     pub send: Box<dyn SendStream>,
     /// Receiving half.
     pub recv: Box<dyn RecvStream>,
+    /// The caller's address when it is not the connection's peer (a gRPC
+    /// server's one connection carries every client's calls); None: the
+    /// connection's [`ConnectionInfo::peer`].
+    pub peer: Option<String>,
 }
 
 impl fmt::Debug for Incoming {

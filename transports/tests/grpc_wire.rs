@@ -429,6 +429,10 @@ fn seeded(seed: u8, len: usize) -> Bytes {
     message(0, &chunk_frame(u64::from(seed), 0, 0, &vec![seed; len]).encode_to_vec())
 }
 
+/// The tests that watch the process-wide gauge, one at a time (`cargo
+/// test` runs them as threads of one process).
+static GAUGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Waits until the gRPC servers of this process hold `pred` bytes of
 /// unfinished messages (the server has read what was written).
 async fn held_until(what: &str, pred: impl Fn(u64) -> bool) -> u64 {
@@ -451,6 +455,7 @@ async fn held_until(what: &str, pred: impl Fn(u64) -> bool) -> u64 {
 /// on; once that one's message is complete the next goes on.
 #[tokio::test]
 async fn unfinished_messages_are_bounded_per_connection() {
+    let _one = GAUGE.lock().await;
     let (_l, chan, mut got) = reporting_server(Duration::from_secs(60)).await;
     // A holds 3.5 MiB of a 4 MiB message (within the cap).
     let a_msg = seeded(0xA, 4 << 20);
@@ -483,6 +488,7 @@ async fn unfinished_messages_are_bounded_per_connection() {
 /// waited behind are unharmed.
 #[tokio::test]
 async fn a_call_that_waits_too_long_for_room_fails_with_why() {
+    let _one = GAUGE.lock().await;
     let (_l, chan, mut got) = reporting_server(Duration::from_millis(300)).await;
     let d_msg = seeded(0xD, 4 << 20);
     let (d_feed, d) = start_fed(&chan, &d_msg, 7 << 19).await;

@@ -2,7 +2,9 @@
 //! sides: [`OutBody`] sends frames (each as its head and its payload, two
 //! DATA buffers, the payload never copied), [`MessageSource`] reads the
 //! peer's messages with [`wire::Decoder`](super::wire::Decoder) (payloads
-//! kept as the DATA frames' own bytes).
+//! kept as the DATA frames' own bytes, except, on a server, what a call
+//! holds of an unfinished message between frames: that is copied, and
+//! counted in its connection's account, see `held`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -179,7 +181,7 @@ impl MessageSource {
                 match self.dec.next() {
                     Ok(Some(m)) => {
                         if let Some(share) = &mut self.share {
-                            share.settle(self.dec.held());
+                            share.settle(self.dec.held(), true);
                         }
                         self.seen += 1;
                         if self.unary && self.seen > 1 {
@@ -188,20 +190,28 @@ impl MessageSource {
                         }
                         return Ok(Some(m));
                     }
-                    // Held until more frames come: kept in memory of its own.
-                    Ok(None) => self.dec.detach(),
+                    // A server's call holds it until more frames come: in
+                    // memory of its own (a view of a read buffer could keep
+                    // a megabyte alive for a few bytes counted).
+                    Ok(None) if self.share.is_some() => self.dec.detach(),
+                    Ok(None) => {}
                     Err(e) => self.fail(wire_status(e)),
                 }
             }
             if let Some(end) = &self.end {
                 return end.clone().map(|()| None);
             }
-            if self.waiting.is_some() {
+            if let Some(data) = &mut self.waiting {
                 if let Some(share) = &mut self.share
-                    && let Err(full) = share.room().await
+                    && !share.ready()
                 {
-                    self.fail(Status::resource_exhausted(full.to_string()));
-                    continue;
+                    // It waits a while: not as a view that keeps a read
+                    // buffer alive.
+                    *data = Bytes::copy_from_slice(data);
+                    if let Err(full) = share.room().await {
+                        self.fail(Status::resource_exhausted(full.to_string()));
+                        continue;
+                    }
                 }
                 self.dec.push(self.waiting.take().unwrap_or_default());
                 continue;
@@ -218,17 +228,11 @@ impl MessageSource {
                     Ok(data) => {
                         // Counted as it arrives (it is held from now on);
                         // pushed once the connection has room.
-                        let mut data = data;
-                        if let Some(share) = &mut self.share {
-                            if let Err(full) = share.add(data.len()) {
-                                self.fail(Status::resource_exhausted(full.to_string()));
-                                continue;
-                            }
-                            // It may wait a while: not as a view that keeps
-                            // a read buffer alive.
-                            if share.must_wait() {
-                                data = Bytes::copy_from_slice(&data);
-                            }
+                        if let Some(share) = &mut self.share
+                            && let Err(full) = share.add(data.len())
+                        {
+                            self.fail(Status::resource_exhausted(full.to_string()));
+                            continue;
                         }
                         self.waiting = Some(data);
                         continue;
@@ -257,7 +261,7 @@ impl MessageSource {
             });
             // The body is over: no message is unfinished any more.
             if let Some(share) = &mut self.share {
-                share.settle(0);
+                share.settle(0, ended.is_ok());
             }
             self.end = Some(ended);
         }
@@ -268,7 +272,7 @@ impl MessageSource {
     fn fail(&mut self, status: Status) {
         self.waiting = None;
         if let Some(share) = &mut self.share {
-            share.settle(0);
+            share.settle(0, false);
         }
         self.end = Some(Err(status));
     }

@@ -18,7 +18,7 @@
 //! complete; meanwhile the call that began waiting first (in its current
 //! message) goes on, so calls that each hold part of a message do not wait
 //! for each other. A waiting call fails too once no message on the
-//! connection has completed for
+//! connection has completed (nor the leader's message come closer to) for
 //! [`GrpcConfig::room_wait`](crate::config::GrpcConfig::room_wait) (and it
 //! has waited that long): that undoes the waits that room alone cannot end
 //! (a leader whose handler stopped reading, or whose next frames HTTP/2
@@ -66,6 +66,18 @@ struct State {
     next_ticket: u64,
     waited: BTreeSet<u64>,
     progress: Instant,
+}
+
+impl State {
+    /// The place of a call (`ticket`) among those that waited in their
+    /// current message, taken now if it has none.
+    fn ticket(&mut self, ticket: &mut Option<u64>) -> u64 {
+        *ticket.get_or_insert_with(|| {
+            self.next_ticket += 1;
+            self.waited.insert(self.next_ticket);
+            self.next_ticket
+        })
+    }
 }
 
 impl Held {
@@ -146,12 +158,25 @@ impl Share {
         HELD.fetch_add(n as u64, Ordering::Relaxed);
         self.bytes += n;
         self.over_since = (st.total > cap).then(Instant::now);
+        // The leader's message coming in is progress too: those behind it
+        // wait while it does.
+        if self.ticket.is_some() && self.ticket.as_ref() == st.waited.first() {
+            st.progress = Instant::now();
+        }
         Ok(())
     }
 
-    /// Whether the frame counted last waits for room.
-    pub(crate) fn must_wait(&self) -> bool {
-        self.over_since.is_some()
+    /// Whether the frame counted last may be decoded now (see
+    /// [`room`](Self::room), which waits otherwise).
+    pub(crate) fn ready(&mut self) -> bool {
+        let Some(_) = self.over_since else { return true };
+        let mut st = lock(&self.conn.state);
+        let ticket = st.ticket(&mut self.ticket);
+        if st.total <= self.conn.cap || st.waited.first() == Some(&ticket) {
+            self.over_since = None;
+            return true;
+        }
+        false
     }
 
     /// Waits until the connection is within its cap again, or this call is
@@ -169,16 +194,7 @@ impl Share {
             notified.as_mut().enable();
             let (total, deadline) = {
                 let mut st = lock(&self.conn.state);
-                let ticket = match self.ticket {
-                    Some(t) => t,
-                    None => {
-                        st.next_ticket += 1;
-                        let t = st.next_ticket;
-                        st.waited.insert(t);
-                        self.ticket = Some(t);
-                        t
-                    }
-                };
+                let ticket = st.ticket(&mut self.ticket);
                 if st.total <= cap || st.waited.first() == Some(&ticket) {
                     self.over_since = None;
                     return Ok(());
@@ -194,10 +210,11 @@ impl Share {
     }
 
     /// The call's decoder holds `now` bytes (at most what it held): a
-    /// whole message was handed on (the pipeline takes it and counts it in
-    /// its own budget; what is left starts the next one), or the call
-    /// ended. Its place among the waiting calls goes too.
-    pub(crate) fn settle(&mut self, now: usize) {
+    /// whole message was handed on (`completed`: the pipeline takes it and
+    /// counts it in its own budget; what is left starts the next one; the
+    /// connection made progress), or the call ended. Its place among the
+    /// waiting calls goes too.
+    pub(crate) fn settle(&mut self, now: usize, completed: bool) {
         let now = now.min(self.bytes);
         let ticket = self.ticket.take();
         if now == self.bytes && ticket.is_none() {
@@ -208,7 +225,7 @@ impl Share {
             let freed = self.bytes - now;
             st.total -= freed;
             HELD.fetch_sub(freed as u64, Ordering::Relaxed);
-            if freed > 0 {
+            if completed {
                 st.progress = Instant::now();
             }
             if let Some(t) = ticket {
@@ -222,7 +239,7 @@ impl Share {
 
 impl Drop for Share {
     fn drop(&mut self) {
-        self.settle(0);
+        self.settle(0, false);
     }
 }
 
@@ -252,11 +269,11 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "past the cap, behind b: waits");
         // `b`'s message completes (the pipeline takes it): `c` leads now.
-        b.settle(0);
+        b.settle(0, true);
         let c = waiting.await.unwrap();
         assert_eq!(conn.total(), 100);
         // `a`'s does: room.
-        a.settle(0);
+        a.settle(0, true);
         drop(c);
         assert_eq!(conn.total(), 0);
         assert!(lock(&conn.state).waited.is_empty());
@@ -275,5 +292,32 @@ mod tests {
         assert!(e.to_string().contains("was not read further"), "{e}");
         drop(c);
         assert_eq!(conn.total(), 110, "the failed call's bytes come back");
+    }
+
+    #[tokio::test]
+    async fn progress_is_a_completed_message_or_the_leaders_frames() {
+        let conn = Held::new(100, Duration::from_secs(60));
+        let progress = || lock(&conn.state).progress;
+        let (mut a, mut b, mut c) = (Share::new(conn.clone()), Share::new(conn.clone()), Share::new(conn.clone()));
+        a.add(90).unwrap();
+        b.add(20).unwrap();
+        assert!(b.ready(), "b waited first: it leads");
+        let t0 = progress();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        c.add(10).unwrap();
+        assert!(!c.ready(), "c waits behind b");
+        assert_eq!(progress(), t0, "another call's frame is no progress");
+        // A call that fails (or goes) gives its bytes back, but no message
+        // completed: those waiting do not wait longer for it.
+        drop(c);
+        assert_eq!(progress(), t0);
+        // The leader's next frame is.
+        b.add(5).unwrap();
+        let t1 = progress();
+        assert!(t1 > t0);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // So is a completed message.
+        a.settle(0, true);
+        assert!(progress() > t1);
     }
 }

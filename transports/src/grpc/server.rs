@@ -113,7 +113,12 @@ impl NamedService for Service {
 
 impl ServiceInner {
     /// Hands the call to the pipeline; its replies become the response.
-    async fn start(&self, method: Method, source: Source) -> Result<mpsc::Receiver<Item>, Status> {
+    async fn start(
+        &self,
+        method: Method,
+        source: Source,
+        remote: Option<SocketAddr>,
+    ) -> Result<mpsc::Receiver<Item>, Status> {
         if *self.closed.borrow() {
             return Err(Status::unavailable("the server is shutting down"));
         }
@@ -121,7 +126,12 @@ impl ServiceInner {
         let (tx, rx) = mpsc::channel(QUEUE);
         let send = ResponseSend { tx: Some(tx), id, peer: self.peer.clone() };
         let recv = GrpcRecv::new(source, id, self.peer.clone());
-        let inc = Incoming { kind: Some(method.kind()), send: Box::new(send), recv: Box::new(recv) };
+        let inc = Incoming {
+            kind: Some(method.kind()),
+            send: Box::new(send),
+            recv: Box::new(recv),
+            peer: remote.map(|a| a.to_string()),
+        };
         self.tx.send(inc).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
         Ok(rx)
     }
@@ -157,13 +167,15 @@ impl ServiceInner {
             )
             .into_http();
         }
-        let held = parts.extensions.get::<ConnectInfo>().map(|c| Share::new(c.held.clone()));
+        let connect = parts.extensions.get::<ConnectInfo>();
+        let remote = connect.and_then(ConnectInfo::remote_addr);
+        let held = connect.map(|c| Share::new(c.held.clone()));
         drop(parts);
         let mut source = MessageSource::new(body, self.limits, false, method.unary_request());
         if let Some(share) = held {
             source = source.counted(share);
         }
-        match self.start(method, Source::Wire(Box::new(source))).await {
+        match self.start(method, Source::Wire(Box::new(source)), remote).await {
             Ok(rx) => {
                 let ending = if method.unary_response() { Ending::UnaryResponse } else { Ending::Response };
                 let body = OutBody::new(rx, None, self.limits.message, ending);

@@ -49,6 +49,11 @@ pub(crate) fn status_error(peer: &str, stream: u64, s: &Status) -> StreamError {
         // is the cause to report.
         Code::Cancelled => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
         Code::Unavailable => StreamError::ConnectionClosed { peer, reason: s.message().to_string() },
+        // h2's own ENHANCE_YOUR_CALM (a GOAWAY for the whole connection)
+        // comes as this code too, with its error as the source.
+        Code::ResourceExhausted if std::error::Error::source(s).is_some() || s.message().starts_with("h2 ") => {
+            StreamError::ConnectionClosed { peer, reason: s.message().to_string() }
+        }
         Code::ResourceExhausted => StreamError::ResourceExhausted { peer, reason: s.message().to_string() },
         c => StreamError::Protocol { peer, reason: format!("gRPC status {c:?}: {}", s.message()) },
     }

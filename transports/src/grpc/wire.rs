@@ -267,8 +267,9 @@ impl Decoder {
                 self.pieces.push(piece);
                 self.viewed = true;
             } else {
-                // `need` was checked against the limit: a bounded buffer.
-                let mut m = BytesMut::with_capacity(need);
+                // Sized by what came, not by what the peer declared (grown
+                // as more comes, never past `need`, checked against the limit).
+                let mut m = BytesMut::with_capacity((self.got + piece.len()) * 2);
                 for p in self.pieces.drain(..) {
                     m.extend_from_slice(&p);
                 }

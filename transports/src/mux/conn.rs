@@ -253,7 +253,7 @@ impl Connection for MuxConnection {
 
     async fn accept(&self) -> Result<Incoming, StreamError> {
         let (send, recv) = self.accept_halves().await?;
-        Ok(Incoming { kind: None, send: Box::new(send), recv: Box::new(recv) })
+        Ok(Incoming { kind: None, send: Box::new(send), recv: Box::new(recv), peer: None })
     }
 
     fn info(&self) -> ConnectionInfo {

@@ -126,7 +126,7 @@ impl Connection for QuicConnection {
     async fn accept(&self) -> Result<Incoming, StreamError> {
         let (s, r) = self.conn.accept_bi().await.map_err(|e| conn_error(&self.peer, &e))?;
         let (send, recv) = self.halves(s, r, true);
-        Ok(Incoming { kind: None, send, recv })
+        Ok(Incoming { kind: None, send, recv, peer: None })
     }
 
     fn info(&self) -> ConnectionInfo {

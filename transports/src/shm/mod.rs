@@ -575,6 +575,7 @@ impl Connection for ShmConnection {
             kind: None,
             send: Box::new(ShmSend { inner: send, shared: self.shared.clone(), pending: None, sending: Vec::new() }),
             recv: Box::new(ShmRecv::new(recv, self.shared.clone())),
+            peer: None,
         })
     }
 

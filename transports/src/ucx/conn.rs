@@ -319,6 +319,7 @@ impl Connection for UcxConnection {
             kind: inc.kind,
             send: Box::new(UcxSend::new(inc.send, self.rv.clone())),
             recv: Box::new(UcxRecv::new(inc.recv, self.rv.clone())),
+            peer: inc.peer,
         })
     }
 
