@@ -363,3 +363,26 @@ async fn grpc_auth_failures_are_counted_per_client_address() {
     }
     assert!(last.contains("too many wrong auth tokens from 127.0.0.1"), "{last}");
 }
+
+/// A server's gRPC listener is not one of the connections its connection
+/// caps count and evict: at the cap, a new native connection used to
+/// close the "oldest idle connection", which was the gRPC listener's one
+/// connection, and so stop the gRPC server for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_connections_at_the_cap_never_evict_the_grpc_server() {
+    let cfg = ServerConfig { max_connections: 2, ..Default::default() };
+    let server = store_server(cfg).build().start(["grpc://127.0.0.1:0", "tcp://127.0.0.1:0?shm=0"]).await.unwrap();
+    let grpc = server.endpoints()[0].to_string();
+    let tcp = server.endpoints()[1].to_string();
+    let x = Tensor::from_vec([2], vec![1.0f32, 2.0]).unwrap();
+    // Two native clients take both places (the second makes room by
+    // closing the first, idle one), and a third does again.
+    let mut natives = vec![];
+    for _ in 0..3 {
+        let c = Client::connect(&tcp).await.unwrap();
+        assert!(c.compute("identity", vec![x.clone()]).await.unwrap()[0].data_eq(&x));
+        natives.push(c);
+    }
+    let g = Client::connect(&grpc).await.unwrap();
+    assert!(g.compute("identity", vec![x.clone()]).await.unwrap()[0].data_eq(&x), "gRPC still served");
+}

@@ -55,8 +55,13 @@ pub(crate) async fn accept_loop(inner: Arc<ServerInner>, mut listener: Box<dyn L
 /// make room; when none is idle, the new one is refused with the reason.
 fn admit(inner: &ServerInner, conns: &mut HashMap<u64, ConnEntry>, key: &str) -> Result<(), String> {
     let cfg = &inner.config;
-    let total = conns.len();
-    let per_peer = conns.values().filter(|c| c.peer_key == key).count();
+    // A stateless connection (a gRPC listener's one, carrying every gRPC
+    // client's calls) is neither counted nor evicted here: closing it
+    // would stop the gRPC server for good, and its listener caps its own
+    // HTTP/2 connections.
+    let counted = || conns.values().filter(|c| !c.session.info.stateless);
+    let total = counted().count();
+    let per_peer = counted().filter(|c| c.peer_key == key).count();
     let scope = if per_peer >= cfg.max_connections_per_peer {
         Some(true)
     } else if total >= cfg.max_connections {
@@ -67,6 +72,7 @@ fn admit(inner: &ServerInner, conns: &mut HashMap<u64, ConnEntry>, key: &str) ->
     let Some(same_peer) = scope else { return Ok(()) };
     let idle = conns
         .iter()
+        .filter(|(_, c)| !c.session.info.stateless)
         .filter(|(_, c)| (!same_peer || c.peer_key == key) && c.session.active.load(Ordering::Acquire) == 0)
         .filter(|(_, c)| c.session.handshaken.load(Ordering::Acquire))
         .min_by_key(|(_, c)| c.session.since)
@@ -102,7 +108,8 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
     {
         let key = peer_key(&info.peer);
         let mut conns = lock(&inner.conns);
-        if let Err(reason) = admit(&inner, &mut conns, &key) {
+        let admitted = if info.stateless { Ok(()) } else { admit(&inner, &mut conns, &key) };
+        if let Err(reason) = admitted {
             drop(conns);
             tracing::warn!(peer = %info.peer, %reason, "connection refused");
             conn.close(&reason);

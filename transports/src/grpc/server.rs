@@ -124,14 +124,12 @@ impl ServiceInner {
         }
         let id = next_id();
         let (tx, rx) = mpsc::channel(QUEUE);
-        let send = ResponseSend { tx: Some(tx), id, peer: self.peer.clone() };
-        let recv = GrpcRecv::new(source, id, self.peer.clone());
-        let inc = Incoming {
-            kind: Some(method.kind()),
-            send: Box::new(send),
-            recv: Box::new(recv),
-            peer: remote.map(|a| a.to_string()),
-        };
+        // The call's own client, where known, in its errors too.
+        let client = remote.map(|a| a.to_string());
+        let peer: Arc<str> = client.as_deref().map_or_else(|| self.peer.clone(), Arc::from);
+        let send = ResponseSend { tx: Some(tx), id, peer: peer.clone() };
+        let recv = GrpcRecv::new(source, id, peer);
+        let inc = Incoming { kind: Some(method.kind()), send: Box::new(send), recv: Box::new(recv), peer: client };
         self.tx.send(inc).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
         Ok(rx)
     }

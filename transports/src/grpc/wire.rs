@@ -262,6 +262,12 @@ impl Decoder {
             let n = (need - self.got).min(self.unread.len());
             let piece = self.unread.split_to(n);
             if let Some(m) = &mut self.merged {
+                if m.capacity() - m.len() < piece.len() {
+                    // Doubling, but never past the message's length.
+                    let mut grown = BytesMut::with_capacity((m.len() * 2).max(m.len() + piece.len()).min(need));
+                    grown.extend_from_slice(m);
+                    *m = grown;
+                }
                 m.extend_from_slice(&piece);
             } else if self.pieces.len() < MAX_PIECES {
                 self.pieces.push(piece);
@@ -269,7 +275,7 @@ impl Decoder {
             } else {
                 // Sized by what came, not by what the peer declared (grown
                 // as more comes, never past `need`, checked against the limit).
-                let mut m = BytesMut::with_capacity((self.got + piece.len()) * 2);
+                let mut m = BytesMut::with_capacity(((self.got + piece.len()) * 2).min(need));
                 for p in self.pieces.drain(..) {
                     m.extend_from_slice(&p);
                 }
