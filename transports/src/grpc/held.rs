@@ -78,6 +78,13 @@ impl State {
             self.next_ticket
         })
     }
+
+    /// Whether the call with `ticket` may go on: the connection is within
+    /// `cap`, or the call leads those that waited (it takes its place now).
+    fn goes_on(&mut self, cap: usize, ticket: &mut Option<u64>) -> bool {
+        let t = self.ticket(ticket);
+        self.total <= cap || self.waited.first() == Some(&t)
+    }
 }
 
 impl Held {
@@ -160,7 +167,7 @@ impl Share {
         self.over_since = (st.total > cap).then(Instant::now);
         // The leader's message coming in is progress too: those behind it
         // wait while it does.
-        if self.ticket.is_some() && self.ticket.as_ref() == st.waited.first() {
+        if self.ticket.is_some_and(|t| st.waited.first() == Some(&t)) {
             st.progress = Instant::now();
         }
         Ok(())
@@ -169,14 +176,14 @@ impl Share {
     /// Whether the frame counted last may be decoded now (see
     /// [`room`](Self::room), which waits otherwise).
     pub(crate) fn ready(&mut self) -> bool {
-        let Some(_) = self.over_since else { return true };
-        let mut st = lock(&self.conn.state);
-        let ticket = st.ticket(&mut self.ticket);
-        if st.total <= self.conn.cap || st.waited.first() == Some(&ticket) {
-            self.over_since = None;
+        if self.over_since.is_none() {
             return true;
         }
-        false
+        let ok = lock(&self.conn.state).goes_on(self.conn.cap, &mut self.ticket);
+        if ok {
+            self.over_since = None;
+        }
+        ok
     }
 
     /// Waits until the connection is within its cap again, or this call is
@@ -194,8 +201,7 @@ impl Share {
             notified.as_mut().enable();
             let (total, deadline) = {
                 let mut st = lock(&self.conn.state);
-                let ticket = st.ticket(&mut self.ticket);
-                if st.total <= cap || st.waited.first() == Some(&ticket) {
+                if st.goes_on(cap, &mut self.ticket) {
                     self.over_since = None;
                     return Ok(());
                 }

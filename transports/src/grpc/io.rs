@@ -58,8 +58,15 @@ pub(crate) struct Io {
 impl Io {
     /// `sock`, which must send the HTTP/2 preface within `timeout`; its
     /// calls' unfinished messages are counted in `held`.
-    pub(crate) fn new(sock: Sock, timeout: Duration, held: Arc<Held>, slot: Option<Slot>) -> Self {
-        Self { sock, preface: Some(Box::pin(tokio::time::sleep(timeout))), seen: 0, linger: true, held, slot }
+    pub(crate) fn new(sock: Sock, timeout: Duration, held: Arc<Held>, slot: Slot) -> Self {
+        Self {
+            sock,
+            preface: Some(Box::pin(tokio::time::sleep(timeout))),
+            seen: 0,
+            linger: true,
+            held,
+            slot: Some(slot),
+        }
     }
 }
 
@@ -143,7 +150,7 @@ impl Drop for Slot {
 /// (empty SETTINGS) and a GOAWAY whose debug data says why (clients show
 /// it), then a lingering close.
 pub(crate) async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, reason: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     // SETTINGS (type 4) with no settings; GOAWAY (type 7): last stream 0,
     // ENHANCE_YOUR_CALM (0xb), the reason.
     let debug = &reason.as_bytes()[..reason.len().min(1024)];
@@ -154,15 +161,22 @@ pub(crate) async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, reason: 
     out.extend_from_slice(debug);
     let _ = tokio::time::timeout(LINGER, async {
         let _ = s.write_all(&out).await;
-        let _ = s.shutdown().await;
-        let mut buf = [0u8; 8192];
-        while let Ok(n) = s.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
+        drain_until_closed(&mut s).await
     })
     .await;
+}
+
+/// Shuts `s` down for writing and reads (dropping it) what the client
+/// still sends until it closes too (callers bound the time).
+async fn drain_until_closed<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = s.shutdown().await;
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = s.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
 }
 
 /// A lingering close. When the HTTP/2 server is done with a connection
@@ -183,17 +197,7 @@ impl Drop for Io {
         let mut io =
             Io { sock, preface: None, seen: 0, linger: false, held: self.held.clone(), slot: self.slot.take() };
         rt.spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let _ = tokio::time::timeout(LINGER, async {
-                let _ = io.shutdown().await;
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = io.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            })
-            .await;
+            let _ = tokio::time::timeout(LINGER, drain_until_closed(&mut io)).await;
         });
     }
 }

@@ -323,6 +323,8 @@ async fn accept_loop(
     let held_cap = usize::try_from(config.connection_window).unwrap_or(usize::MAX).max(message_limit(&config));
     let timeout = config.connect_timeout;
     let room_wait = config.grpc.room_wait;
+    // An accepted socket, in its place, with its own account.
+    let io = move |sock, slot| Io::new(sock, timeout, Held::new(held_cap, room_wait), slot);
     loop {
         let accepted = match &bound {
             Bound::Tcp(l) => l.accept().await.map(|(s, a)| (Some(s), None, Some(a))),
@@ -359,11 +361,7 @@ async fn accept_loop(
                 };
                 match &acceptor {
                     None => {
-                        if tx
-                            .send(Ok(Io::new(Sock::Tcp(s), timeout, Held::new(held_cap, room_wait), Some(slot))))
-                            .await
-                            .is_err()
-                        {
+                        if tx.send(Ok(io(Sock::Tcp(s), slot))).await.is_err() {
                             return;
                         }
                     }
@@ -374,13 +372,7 @@ async fn accept_loop(
                         tokio::spawn(async move {
                             match tokio::time::timeout(timeout, acc.accept(s)).await {
                                 Ok(Ok(t)) => {
-                                    let io = Io::new(
-                                        Sock::Tls(Box::new(t)),
-                                        timeout,
-                                        Held::new(held_cap, room_wait),
-                                        Some(slot),
-                                    );
-                                    let _ = tx.send(Ok(io)).await;
+                                    let _ = tx.send(Ok(io(Sock::Tls(Box::new(t)), slot))).await;
                                 }
                                 Ok(Err(e)) => tracing::info!(peer = ?addr, error = %e, "TLS handshake failed"),
                                 Err(_) => tracing::info!(peer = ?addr, "TLS handshake timed out"),
@@ -391,11 +383,7 @@ async fn accept_loop(
             }
             Ok((None, Some(s), _)) => match slots.take(None) {
                 Ok(slot) => {
-                    if tx
-                        .send(Ok(Io::new(Sock::Unix(s), timeout, Held::new(held_cap, room_wait), Some(slot))))
-                        .await
-                        .is_err()
-                    {
+                    if tx.send(Ok(io(Sock::Unix(s), slot))).await.is_err() {
                         return;
                     }
                 }
