@@ -24,7 +24,11 @@ pub fn messages(data: &[u8]) {
         loop {
             let m = match dec.next() {
                 Ok(Some(m)) => m,
-                Ok(None) => break,
+                // As a server's call does between frames.
+                Ok(None) => {
+                    dec.detach();
+                    break;
+                }
                 Err(_) => return,
             };
             let len = m.payload.len();
