@@ -32,6 +32,7 @@
 
 pub mod buf;
 pub mod config;
+pub mod copy;
 pub mod endpoint;
 #[cfg(feature = "grpc")]
 pub mod grpc;

@@ -1,6 +1,6 @@
 //! `tensorwire bench`: every enabled transport on loopback, next to its
 //! ceiling measured in the same run (a raw socket copy into a warm, reused
-//! buffer; memcpy between warm buffers for shared memory; a raw quinn
+//! buffer; the faster of memcpy and a non-temporal copy between warm buffers for shared memory; a raw quinn
 //! stream for QUIC), with the fresh-buffer copy as a labelled extra column. The server runs on its own thread and
 //! runtime, the client on this thread, as two processes would; each figure
 //! alternates with its baseline over several rounds and reports medians,
@@ -239,7 +239,7 @@ fn ceiling_name(raw: RawSocket) -> &'static str {
         RawSocket::Unix => "raw Unix socket into a warm buffer",
         #[cfg(feature = "quic")]
         RawSocket::Quic => "raw quinn stream into a warm buffer",
-        RawSocket::Memcpy => "memcpy between warm buffers",
+        RawSocket::Memcpy => "the faster of memcpy and a non-temporal copy between warm buffers",
     }
 }
 
@@ -291,7 +291,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7} {:>10}   one tensor client→server (send) and server→client (fetch) vs the ceiling: a raw socket copy into a warm reused buffer (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: memcpy between warm buffers), median of {rounds} alternating rounds; \"fresh\": the same raw copy into a new buffer per tensor (page faults; not a ratio's denominator)",
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7} {:>10}   one tensor client→server (send) and server→client (fetch) vs the ceiling: a raw socket copy into a warm reused buffer (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: the faster of memcpy and a non-temporal copy between warm buffers), median of {rounds} alternating rounds; \"fresh\": the same raw copy into a new buffer per tensor (page faults; not a ratio's denominator)",
             "transport", "dir", "size", "GiB/s", "ceiling", "ratio", "fresh"
         );
     }

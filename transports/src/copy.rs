@@ -1,0 +1,106 @@
+//! Copies of large buffers that bypass the writer's caches.
+//!
+//! A tensor copied into a shared-memory segment is read (if at all) by
+//! another process, later, and is larger than the caches: an ordinary copy
+//! first reads every destination line into the cache (a read-for-ownership)
+//! and then evicts it again, so the memory bus carries the destination
+//! twice. Non-temporal stores write whole lines straight to memory. Measured
+//! on this project's VMs (AMD EPYC, 256 MiB warm memfd destination, 1 MiB
+//! pieces): `memcpy` 8.7 GiB/s, one 256 MiB `memcpy` 9.4 GiB/s, non-temporal
+//! 15.3 GiB/s.
+//!
+//! [`copy_streaming`] uses them on x86-64 (SSE2, part of the baseline) for
+//! copies of at least [`STREAMING_FROM`] bytes and falls back to an ordinary
+//! copy otherwise (and on other architectures). It ends with a store fence,
+//! so the bytes are visible to another core before anything the caller
+//! publishes afterwards (a frame naming the segment).
+
+/// Copies shorter than this are ordinary copies: the destination may well
+/// be read soon, from the cache.
+pub const STREAMING_FROM: usize = 256 << 10;
+
+/// Copies `src` into `dst` (same length), with non-temporal stores for
+/// large copies on x86-64; see the module docs.
+///
+/// # Panics
+/// When the lengths differ (as `copy_from_slice`).
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming: destination and source lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= STREAMING_FROM {
+        // Up to the first 64-byte boundary of the destination: ordinary.
+        let head = dst.as_ptr().align_offset(64).min(src.len());
+        dst[..head].copy_from_slice(&src[..head]);
+        let body = (src.len() - head) & !63;
+        // SAFETY: both ranges lie inside their slices (head + body <= len),
+        // the destination range starts 64-byte aligned (each store is to a
+        // 16-byte aligned address), and `&mut`/`&` slices do not overlap.
+        unsafe { stream_lines(dst.as_mut_ptr().add(head), src.as_ptr().add(head), body) };
+        let done = head + body;
+        dst[done..].copy_from_slice(&src[done..]);
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// Copies `len` bytes (a multiple of 64) from `src` to `dst` (64-byte
+/// aligned) with non-temporal stores, then fences them.
+///
+/// # Safety
+/// `src..src+len` must be readable, `dst..dst+len` writable, the two must
+/// not overlap, and `dst` must be 16-byte aligned.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_lines(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let mut i = 0;
+    while i < len {
+        // SAFETY: i + 64 <= len (len is a multiple of 64): in bounds per the
+        // caller; loads may be unaligned, stores are 16-byte aligned.
+        unsafe {
+            let s = src.add(i).cast::<__m128i>();
+            let d = dst.add(i).cast::<__m128i>();
+            let (a, b, c, e) =
+                (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)), _mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+        }
+        i += 64;
+    }
+    // Non-temporal stores are weakly ordered: fence them before the caller
+    // publishes what it copied (a release store does not order them).
+    // SAFETY: SSE2 is part of the x86-64 baseline.
+    unsafe { _mm_sfence() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_every_byte_whatever_the_alignment_and_length() {
+        let src: Vec<u8> = (0..STREAMING_FROM * 2 + 200).map(|i| (i * 7 + i / 251) as u8).collect();
+        for (dst_off, src_off, len) in [
+            (0, 0, STREAMING_FROM),
+            (1, 0, STREAMING_FROM + 1),
+            (13, 7, STREAMING_FROM + 63),
+            (64, 3, STREAMING_FROM + 65),
+            (5, 5, STREAMING_FROM * 2),
+            (0, 0, 100),
+            (3, 1, 0),
+        ] {
+            let mut dst = vec![0xAAu8; len + dst_off + 70];
+            copy_streaming(&mut dst[dst_off..dst_off + len], &src[src_off..src_off + len]);
+            assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{dst_off} {src_off} {len}");
+            assert!(dst[..dst_off].iter().all(|&b| b == 0xAA), "nothing written before");
+            assert!(dst[dst_off + len..].iter().all(|&b| b == 0xAA), "nothing written past");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "lengths differ")]
+    fn refuses_slices_of_different_lengths() {
+        copy_streaming(&mut [0u8; 4], &[1u8; 5]);
+    }
+}
