@@ -20,6 +20,7 @@ use tensorwire_codecs::{Compression, Encoded};
 use tensorwire_proto::v1;
 
 use tensorwire_transports::RecvBuf;
+use tensorwire_transports::copy::{STREAMED_DESTINATIONS_FROM, copy_streaming};
 
 use super::budget::{MemoryBudget, OverBudget, Reservation};
 use super::pool::{AcquireError, Lease, RecvPool};
@@ -205,6 +206,12 @@ impl ChunkPlan {
         let dst = buf.get_mut(self.offset..self.offset + self.raw_len).ok_or_else(|| {
             ChunkError::Protocol(format!("chunk at {} does not fit a {len} byte buffer", self.offset))
         })?;
+        // An uncompressed chunk into a large buffer bypasses the cache
+        // (non-temporal stores, see `tensorwire_transports::copy`).
+        if self.compression == Compression::None && len >= STREAMED_DESTINATIONS_FROM && payload.len() == dst.len() {
+            copy_streaming(dst, payload);
+            return Ok(());
+        }
         dec.decompress(self.compression, self.shuffle, payload, dst).map_err(|e| ChunkError::Protocol(e.to_string()))
     }
 }
@@ -830,6 +837,23 @@ mod tests {
             c.0.offset -= 8;
         }
         assert!(reassemble(&bomb, u64::MAX).is_err());
+    }
+
+    /// A tensor large enough to be assembled with non-temporal stores
+    /// (chunks of odd sizes, so that pieces start anywhere in a cache line)
+    /// arrives bit-exact, compressed chunks among the plain ones included.
+    #[test]
+    fn a_large_tensor_assembled_with_streaming_copies_is_bit_exact() {
+        let n = STREAMED_DESTINATIONS_FROM + 12_345;
+        let e = encoded(&[n / 3, n - n / 3]);
+        let whole = e.to_bytes().to_vec();
+        let mut chunks = chunks_of(e, (1 << 20) + 17);
+        // One chunk compressed: decompressed, not copied, at its offset.
+        let (c, p) = &mut chunks[2];
+        let z = Compressor::new().compress(Compression::Lz4, 1, p).unwrap().expect("a repeating pattern compresses");
+        *p = Bytes::from(z);
+        c.compression = v1::Compression::Lz4 as i32;
+        assert_eq!(reassemble(&chunks, u64::MAX).unwrap(), whole);
     }
 
     proptest! {

@@ -11,13 +11,22 @@
 //!
 //! [`copy_streaming`] uses them on x86-64 (SSE2, part of the baseline) for
 //! copies of at least [`STREAMING_FROM`] bytes and falls back to an ordinary
-//! copy otherwise (and on other architectures). It ends with a store fence,
-//! so the bytes are visible to another core before anything the caller
-//! publishes afterwards (a frame naming the segment).
+//! copy otherwise (and on other architectures). The streamed part is fenced
+//! before it returns (the few bytes around it are ordinary stores, which
+//! x86 keeps in order), so the bytes are visible to another core before
+//! anything the caller publishes afterwards (a frame naming the segment).
 
 /// Copies shorter than this are ordinary copies: the destination may well
 /// be read soon, from the cache.
 pub const STREAMING_FROM: usize = 256 << 10;
+
+/// Destinations (a segment, a tensor's receive buffer) of at least this
+/// many bytes are filled with [`copy_streaming`]: a tensor this large leaves
+/// the caches anyway (a quarter of the 32 MiB L3 of the VMs this was
+/// measured on), and streaming it to memory skips reading every destination
+/// line first. Smaller ones are copied as usual, so that a reader soon
+/// after finds them in the cache.
+pub const STREAMED_DESTINATIONS_FROM: usize = 8 << 20;
 
 /// Copies `src` into `dst` (same length), with non-temporal stores for
 /// large copies on x86-64; see the module docs.
@@ -33,8 +42,10 @@ pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
         dst[..head].copy_from_slice(&src[..head]);
         let body = (src.len() - head) & !63;
         // SAFETY: both ranges lie inside their slices (head + body <= len),
-        // the destination range starts 64-byte aligned (each store is to a
-        // 16-byte aligned address), and `&mut`/`&` slices do not overlap.
+        // the destination range starts 64-byte aligned, so each store is to
+        // a 16-byte aligned address (or, with head clamped to the length,
+        // body is 0 and nothing is stored), and `&mut`/`&` slices do not
+        // overlap.
         unsafe { stream_lines(dst.as_mut_ptr().add(head), src.as_ptr().add(head), body) };
         let done = head + body;
         dst[done..].copy_from_slice(&src[done..]);
@@ -81,20 +92,25 @@ mod tests {
     #[test]
     fn copies_every_byte_whatever_the_alignment_and_length() {
         let src: Vec<u8> = (0..STREAMING_FROM * 2 + 200).map(|i| (i * 7 + i / 251) as u8).collect();
-        for (dst_off, src_off, len) in [
-            (0, 0, STREAMING_FROM),
-            (1, 0, STREAMING_FROM + 1),
-            (13, 7, STREAMING_FROM + 63),
-            (64, 3, STREAMING_FROM + 65),
-            (5, 5, STREAMING_FROM * 2),
-            (0, 0, 100),
-            (3, 1, 0),
+        let mut dst = vec![0xAAu8; STREAMING_FROM * 2 + 400];
+        // Offsets into `dst` that make the streamed part start at once
+        // (head 0) or after 63 bytes, whatever the allocator returned.
+        let aligned = dst.as_ptr().align_offset(64);
+        for (head, src_off, len) in [
+            (0, 0, STREAMING_FROM),         // head 0, tail 0
+            (63, 0, STREAMING_FROM + 63),   // head 63, tail 0
+            (0, 7, STREAMING_FROM + 63),    // head 0, tail 63
+            (63, 3, STREAMING_FROM + 126),  // head 63, tail 63
+            (1, 5, STREAMING_FROM * 2 + 1), // head 1, tail 0
+            (0, 0, 100),                    // short: an ordinary copy
+            (3, 1, 0),                      // empty
         ] {
-            let mut dst = vec![0xAAu8; len + dst_off + 70];
-            copy_streaming(&mut dst[dst_off..dst_off + len], &src[src_off..src_off + len]);
-            assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{dst_off} {src_off} {len}");
-            assert!(dst[..dst_off].iter().all(|&b| b == 0xAA), "nothing written before");
-            assert!(dst[dst_off + len..].iter().all(|&b| b == 0xAA), "nothing written past");
+            let at = aligned + (64 - head) % 64;
+            dst.fill(0xAA);
+            copy_streaming(&mut dst[at..at + len], &src[src_off..src_off + len]);
+            assert_eq!(&dst[at..at + len], &src[src_off..src_off + len], "{head} {src_off} {len}");
+            assert!(dst[..at].iter().all(|&b| b == 0xAA), "nothing written before");
+            assert!(dst[at + len..].iter().all(|&b| b == 0xAA), "nothing written past");
         }
     }
 

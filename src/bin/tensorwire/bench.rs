@@ -1,6 +1,7 @@
 //! `tensorwire bench`: every enabled transport on loopback, next to its
 //! ceiling measured in the same run (a raw socket copy into a warm, reused
-//! buffer; the faster of memcpy and a non-temporal copy between warm buffers for shared memory; a raw quinn
+//! buffer; the faster of memcpy and, for large tensors, a non-temporal copy between
+//! warm buffers for shared memory; a raw quinn
 //! stream for QUIC), with the fresh-buffer copy as a labelled extra column. The server runs on its own thread and
 //! runtime, the client on this thread, as two processes would; each figure
 //! alternates with its baseline over several rounds and reports medians,
@@ -239,7 +240,7 @@ fn ceiling_name(raw: RawSocket) -> &'static str {
         RawSocket::Unix => "raw Unix socket into a warm buffer",
         #[cfg(feature = "quic")]
         RawSocket::Quic => "raw quinn stream into a warm buffer",
-        RawSocket::Memcpy => "the faster of memcpy and a non-temporal copy between warm buffers",
+        RawSocket::Memcpy => "the faster of memcpy and, for large tensors, a non-temporal copy between warm buffers",
     }
 }
 
@@ -291,7 +292,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
     let rounds = a.rounds.max(1);
     if !a.json {
         println!(
-            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7} {:>10}   one tensor client→server (send) and server→client (fetch) vs the ceiling: a raw socket copy into a warm reused buffer (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: the faster of memcpy and a non-temporal copy between warm buffers), median of {rounds} alternating rounds; \"fresh\": the same raw copy into a new buffer per tensor (page faults; not a ratio's denominator)",
+            "{:<9} {:<5} {:>8} {:>10} {:>10} {:>7} {:>10}   one tensor client→server (send) and server→client (fetch) vs the ceiling: a raw socket copy into a warm reused buffer (QUIC: raw quinn stream; gRPC, ucx: raw TCP, and for ucx also ucx_perftest; shm: the faster of memcpy and, for large tensors, a non-temporal copy between warm buffers), median of {rounds} alternating rounds; \"fresh\": the same raw copy (shm: memcpy) into a new buffer per tensor (page faults; not a ratio's denominator)",
             "transport", "dir", "size", "GiB/s", "ceiling", "ratio", "fresh"
         );
     }
@@ -322,7 +323,7 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         tune(&mut cfg.transport);
         let client = rt.block_on(Client::connect_with(&url, cfg))?;
         let raw = baseline_for(scheme);
-        // Latency against a real socket even where throughput compares to memcpy.
+        // Latency against a real socket even where throughput compares to a copy in memory.
         let raw_rtt = if raw == RawSocket::Memcpy { RawSocket::Unix } else { raw };
         for &size in &sizes {
             let reps = ((a.seconds * 1.5e9 / size as f64) as usize).clamp(3, 200);

@@ -90,6 +90,7 @@ use self::segment::{
     MAGIC, MAX_SEGMENTS, Owner, SegmentWriter, SideChannel, SideMsg, recv_with_fds, send_with_fds, seqpacket_pair,
 };
 use crate::config::ShmConfig;
+use crate::copy::STREAMED_DESTINATIONS_FROM;
 use crate::mux::{DiscardHook, MuxConnection, MuxRecv, MuxSend};
 use crate::sync::{lock, spawn_bounded};
 use crate::{
@@ -713,7 +714,11 @@ impl ShmSend {
         }
         let fits = match self.pending.as_mut() {
             Some(f) => {
-                c.tensor_id == f.first.tensor_id && c.uncompressed && f.seg.write(c.offset as usize, &frame.payload)
+                // A tensor too large to stay in the caches bypasses them.
+                let stream = f.first.total_bytes >= STREAMED_DESTINATIONS_FROM as u64;
+                c.tensor_id == f.first.tensor_id
+                    && c.uncompressed
+                    && f.seg.write(c.offset as usize, &frame.payload, stream)
             }
             None => false,
         };

@@ -24,6 +24,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[cfg(doc)]
+use crate::copy::STREAMED_DESTINATIONS_FROM;
+use crate::copy::copy_streaming;
 use crate::sync::lock;
 use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
@@ -47,14 +50,6 @@ const MAX_MAPPED_BYTES: u64 = 4 << 40;
 
 static MAPPED_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Segments of at least this many bytes are filled with non-temporal
-/// stores ([`copy_streaming`](crate::copy::copy_streaming)): a tensor this
-/// large leaves the caches anyway (a quarter of the 32 MiB L3 of the VMs
-/// this was measured on), and streaming it to memory skips reading every
-/// destination line first (1.6–1.8× the copy rate there). Smaller ones are
-/// copied as usual, so that a reader soon after finds them in the cache.
-const STREAMED_SEGMENTS_FROM: usize = 8 << 20;
 
 /// Releases queued for the side channel's task while its socket is full,
 /// at most (a peer has at most [`MAX_SEGMENTS`] segments lent at once).
@@ -344,17 +339,24 @@ impl SegmentWriter {
         &self.fd
     }
 
-    /// Copies `data` to `offset` (false when it does not fit).
-    pub(crate) fn write(&mut self, offset: usize, data: &[u8]) -> bool {
+    /// Copies `data` to `offset` (false when it does not fit); `stream`
+    /// copies with non-temporal stores ([`copy_streaming`]: for a tensor
+    /// of at least [`STREAMED_DESTINATIONS_FROM`] bytes, which leaves the
+    /// caches anyway).
+    pub(crate) fn write(&mut self, offset: usize, data: &[u8], stream: bool) -> bool {
         match offset.checked_add(data.len()) {
             Some(end) if end <= self.len => {
                 if !data.is_empty() {
                     // SAFETY: offset..end lies inside our mapping of `len`
-                    // bytes, which nothing else in this process writes while
-                    // we hold the writer (the peer only reads it).
+                    // bytes. Nothing else in this process reads or writes
+                    // it meanwhile: a segment is written only while it is
+                    // not lent (it comes back from the peer when RELEASED),
+                    // `copy_out` makes copies, and the peer's mapping of a
+                    // segment of ours (same process in tests) lies at
+                    // another address, so `data` cannot point into it.
                     let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), data.len()) };
-                    if self.len >= STREAMED_SEGMENTS_FROM {
-                        crate::copy::copy_streaming(dst, data);
+                    if stream {
+                        copy_streaming(dst, data);
                     } else {
                         dst.copy_from_slice(data);
                     }
@@ -759,8 +761,8 @@ mod tests {
 
     fn segment(data: &[u8]) -> SegmentWriter {
         let mut w = SegmentWriter::new(data.len()).unwrap();
-        assert!(w.write(0, data));
-        assert!(!w.write(data.len(), b"x"), "writes past the end are refused");
+        assert!(w.write(0, data, false));
+        assert!(!w.write(data.len(), b"x", false), "writes past the end are refused");
         w
     }
 
@@ -779,13 +781,13 @@ mod tests {
     fn a_large_segment_filled_piece_by_piece_reads_back_exactly() {
         // Large enough to be filled with non-temporal stores; pieces of
         // odd lengths at odd offsets, as compressed-off chunks may be.
-        let len = STREAMED_SEGMENTS_FROM + 4099;
+        let len = crate::copy::STREAMED_DESTINATIONS_FROM + 4099;
         let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ (i >> 16) as u8).collect();
         let mut w = SegmentWriter::new(len).unwrap();
         let mut at = 0;
         for piece in [(1 << 20) + 7, 300_001, 5, 1 << 20].iter().cycle() {
             let end = (at + piece).min(len);
-            assert!(w.write(at, &data[at..end]));
+            assert!(w.write(at, &data[at..end], true));
             at = end;
             if at == len {
                 break;

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tensorwire_codecs::{DType, Tensor};
+use tensorwire_transports::copy::{STREAMED_DESTINATIONS_FROM, copy_streaming};
 
 use tensorwire::builtins::random_tensor;
 use tensorwire::{Client, Histogram};
@@ -47,8 +48,10 @@ pub enum RawSocket {
     /// (default [`TransportConfig`](tensorwire::TransportConfig)).
     #[cfg(feature = "quic")]
     Quic,
-    /// No socket: `memcpy` of the bytes between two buffers in the same
-    /// process (the ceiling for same-host transports such as shm).
+    /// No socket: a copy of the bytes between two buffers in the same
+    /// process (the ceiling for same-host transports such as shm): the
+    /// faster of `memcpy` and the non-temporal copy the shm transport
+    /// fills large segments with.
     Memcpy,
 }
 
@@ -121,6 +124,31 @@ impl Drop for FreshPages {
             unsafe { libc::munmap(self.ptr.cast(), self.len) };
         }
     }
+}
+
+/// The shared-memory ceiling: mean time per copy of `bytes` between two
+/// warm buffers, the faster of `memcpy` and (from
+/// [`STREAMED_DESTINATIONS_FROM`] bytes up, where the shm transport uses
+/// it) the non-temporal copy that fills its segments, each timed in a
+/// loop of its own after an untimed copy (so that neither finds the
+/// destination where the other left it).
+fn memcpy_ceiling(bytes: usize, reps: usize) -> Duration {
+    let src = warm_buffer(bytes);
+    let mut dst = warm_buffer(bytes);
+    let mut time = |copy: &dyn Fn(&mut [u8], &[u8])| {
+        copy(&mut dst, &src);
+        let t = Instant::now();
+        for _ in 0..reps {
+            copy(&mut dst, &src);
+            std::hint::black_box(&mut dst);
+        }
+        t.elapsed() / reps.max(1) as u32
+    };
+    let plain = time(&|d, s| d.copy_from_slice(s));
+    if bytes < STREAMED_DESTINATIONS_FROM {
+        return plain;
+    }
+    plain.min(time(&|d, s| copy_streaming(d, s)))
 }
 
 /// A buffer of `n` bytes whose pages are all faulted in (written once).
@@ -258,33 +286,21 @@ pub fn raw_copy_into(kind: RawSocket, bytes: usize, reps: usize, recv: Receive) 
         return raw_quic::copy(&tensorwire::TransportConfig::default(), bytes, reps, recv);
     }
     if kind == RawSocket::Memcpy {
-        // The ceiling is the faster of two copies between warm buffers,
-        // alternated rep by rep: `memcpy` and the non-temporal copy the
-        // shared-memory transport fills large segments with (faster than
-        // `memcpy` for buffers larger than the caches on this project's
-        // VMs). The fresh column copies with `memcpy` only.
-        let src = warm_buffer(bytes);
-        let mut warm = warm_buffer(if recv == Receive::Warm { bytes } else { 0 });
-        let (mut plain, mut streamed) = (Duration::ZERO, Duration::ZERO);
-        for _ in 0..reps {
-            let t = Instant::now();
-            if recv == Receive::Warm {
-                warm.copy_from_slice(&src);
-                std::hint::black_box(&warm);
-                plain += t.elapsed();
-                let t = Instant::now();
-                tensorwire_transports::copy::copy_streaming(&mut warm, &src);
-                std::hint::black_box(&warm);
-                streamed += t.elapsed();
-            } else {
-                let mut dst = FreshPages::new(bytes)?;
-                dst.copy_from_slice(&src);
-                std::hint::black_box(&dst[..]);
-                plain += t.elapsed();
+        return Ok(match recv {
+            Receive::Warm => memcpy_ceiling(bytes, reps),
+            Receive::Fresh => {
+                let src = warm_buffer(bytes);
+                let mut total = Duration::ZERO;
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    let mut dst = FreshPages::new(bytes)?;
+                    dst.copy_from_slice(&src);
+                    std::hint::black_box(&dst[..]);
+                    total += t.elapsed();
+                }
+                total / reps.max(1) as u32
             }
-        }
-        let best = if recv == Receive::Warm { plain.min(streamed) } else { plain };
-        return Ok(best / reps.max(1) as u32);
+        });
     }
     let (mut tx, mut rx, _dir) = pair(kind)?;
     // The sender writes from a warm buffer of the tensor's size, as a
