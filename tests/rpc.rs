@@ -222,6 +222,67 @@ async fn tasks_run_report_cancel_and_expire() {
     assert_eq!(c.task_status("task-nope").await.unwrap_err().code(), Code::NotFound);
 }
 
+/// Waits (at most 10 s) until `ticks` stops moving for 200 ms; true when it did.
+async fn settles(ticks: &AtomicUsize) -> bool {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let mut last = ticks.load(Ordering::SeqCst);
+    while Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = ticks.load(Ordering::SeqCst);
+        if now == last {
+            return true;
+        }
+        last = now;
+    }
+    false
+}
+
+/// A client that drops a call (no deadline sent: the caller's own timeout,
+/// as a `select!` or Ctrl-C would) stops the work on the server: async
+/// handlers are dropped, sync ones see `is_cancelled()`; the connection
+/// serves the next call. (gRPC cannot tell the server yet: see SECURITY.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_client_goes_away_stops_on_the_server() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let saw_cancel = Arc::new(AtomicUsize::new(0));
+    let functions = || {
+        let (t1, t2, seen) = (ticks.clone(), ticks.clone(), saw_cancel.clone());
+        let spin_async = Function::new_async("spin_async", move |_c| {
+            let t = t1.clone();
+            async move {
+                loop {
+                    t.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        let spin_sync = Function::new("spin_sync", move |c| {
+            while !c.ctx.is_cancelled() {
+                t2.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            seen.fetch_add(1, Ordering::SeqCst);
+            Err(Status::cancelled("the client went away"))
+        });
+        Server::builder().function(spin_async).function(spin_sync)
+    };
+    for scheme in ["unix", "tcp", "shm", "quic"] {
+        let (server, _d) = start(functions(), scheme).await;
+        let c = Client::connect(&server.url()).await.unwrap();
+        for f in ["spin_async", "spin_sync"] {
+            let before = ticks.load(Ordering::SeqCst);
+            let call = c.call(f, vec![], Args::new());
+            assert!(tokio::time::timeout(Duration::from_millis(300), call).await.is_err(), "{scheme} {f} returned");
+            assert!(ticks.load(Ordering::SeqCst) > before, "{scheme} {f} never ran");
+            assert!(settles(&ticks).await, "{scheme}: {f} kept running after its client went away");
+            // The connection goes on serving.
+            assert!(c.health().await.unwrap(), "{scheme}");
+        }
+        server.shutdown().await;
+    }
+    assert_eq!(saw_cancel.load(Ordering::SeqCst), 4, "each sync handler saw its cancellation");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_stop_server_work() {
     let ticks = Arc::new(AtomicUsize::new(0));

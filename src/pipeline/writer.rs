@@ -122,6 +122,13 @@ impl FrameWriter {
         self.pending.push(f);
     }
 
+    /// Resolves once the peer stops reading this stream or the connection
+    /// fails, on transports that can tell (see
+    /// [`SendStream::stop_signal`](tensorwire_transports::SendStream::stop_signal)).
+    pub(crate) fn stop_signal(&self) -> Option<std::sync::Arc<dyn tensorwire_transports::StopSignal>> {
+        self.send.stop_signal()
+    }
+
     /// Sends what is held (and with `fin`, ends the stream).
     pub(crate) async fn flush(&mut self, fin: bool) -> Result<(), CallError> {
         let frames = std::mem::take(&mut self.pending);

@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tensorwire_codecs::{Compression, available_codecs};
 use tensorwire_proto::v1::{self, Method, frame_header::Kind};
-use tensorwire_transports::{Incoming, StreamKind};
+use tensorwire_transports::{Incoming, StopSignal, StreamKind};
 
 use crate::config::VERSION;
 use crate::error::{Code, Status};
@@ -97,9 +98,11 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
     // The context moves into the call (no copy of its strings); the
-    // deadline path keeps a handle on its cancellation.
+    // deadline and client-gone paths keep a handle on its cancellation.
     let cancel = ctx.cancel.clone();
+    let gone = writer.stop_signal();
     let work = run_method(&inner, method, req, &mut input, &mut writer, ctx);
+    let work = until_client_gone(work, gone, &cancel);
     let result = match deadline {
         Some(d) => match tokio::time::timeout_at(d.into(), work).await {
             Ok(r) => r,
@@ -132,6 +135,31 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
             fail(&mut writer, status).await
         }
     }
+}
+
+/// Runs `work` until it ends or the client stops reading the reply (it
+/// dropped the call, or its connection failed): then async work stops (its
+/// future is dropped), sync work sees `ctx.is_cancelled()`, and the call
+/// fails with CANCELLED (which the client no longer reads). `gone` is
+/// looked at only while the work waits: a call that completes at once
+/// pays nothing for it.
+async fn until_client_gone<T>(
+    work: impl Future<Output = Result<T, Status>>,
+    gone: Option<Arc<dyn StopSignal>>,
+    cancel: &Cancellation,
+) -> Result<T, Status> {
+    let Some(gone) = gone else { return work.await };
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = work.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        let e = std::task::ready!(gone.poll_stopped(cx));
+        cancel.cancel();
+        tracing::debug!(error = %e, "the client went away: call cancelled");
+        Poll::Ready(Err(Status::cancelled(format!("the client stopped waiting for the reply: {e}"))))
+    })
+    .await
 }
 
 fn method_of(kind: StreamKind) -> Option<Method> {

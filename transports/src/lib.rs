@@ -521,6 +521,22 @@ pub trait SendStream: Send + 'static {
     async fn stopped(&mut self) -> StreamError {
         std::future::pending().await
     }
+    /// What [`stopped`](SendStream::stopped) waits for, as a signal a
+    /// caller can poll while it goes on using this stream (a server
+    /// cancelling a call whose client went away while its handler runs).
+    /// None where the transport cannot tell (the default).
+    fn stop_signal(&self) -> Option<Arc<dyn StopSignal>> {
+        None
+    }
+}
+
+/// Whether the peer has stopped reading a stream, or its connection failed
+/// ([`SendStream::stop_signal`]). One task at a time polls it.
+pub trait StopSignal: Send + Sync + 'static {
+    /// Ready with the error a send would get once the peer stopped reading
+    /// the stream or the connection failed; otherwise Pending, and the
+    /// task is woken when that happens.
+    fn poll_stopped(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<StreamError>;
 }
 
 /// Receiving half of a logical stream. Dropping it before the end asks the

@@ -239,20 +239,11 @@ impl SendStream for MuxSend {
     }
 
     async fn stopped(&mut self) -> StreamError {
-        loop {
-            // Registered before the state is read: a STOP (or a failure)
-            // between the check and the wait still wakes this task.
-            let notified = self.stream.send_notify.notified();
-            let mut notified = pin!(notified);
-            notified.as_mut().enable();
-            if self.shared.closed.load(Ordering::Acquire) {
-                return self.shared.error();
-            }
-            if let Some(code) = lock(&self.stream.inner).state.peer_stopped() {
-                return StreamError::Stopped { peer: self.shared.peer.clone(), stream: self.stream.id().into(), code };
-            }
-            notified.await;
-        }
+        stopped(&self.stream, &self.shared).await
+    }
+
+    fn stop_signal(&self) -> Option<Arc<dyn crate::StopSignal>> {
+        Some(self.stream.clone())
     }
 
     fn reset(&mut self, code: u32) {
@@ -442,5 +433,24 @@ impl Drop for MuxRecv {
         if dropped.forget {
             self.shared.forget(&self.stream);
         }
+    }
+}
+
+/// Resolves once the peer has stopped reading `stream` or the connection
+/// failed, with the error a send would get then.
+async fn stopped(stream: &StreamShared, shared: &Shared) -> StreamError {
+    loop {
+        // Registered before the state is read: a STOP (or a failure)
+        // between the check and the wait still wakes this task.
+        let notified = stream.send_notify.notified();
+        let mut notified = pin!(notified);
+        notified.as_mut().enable();
+        if shared.closed.load(Ordering::Acquire) {
+            return shared.error();
+        }
+        if let Some(code) = lock(&stream.inner).state.peer_stopped() {
+            return StreamError::Stopped { peer: shared.peer.clone(), stream: stream.id().into(), code };
+        }
+        notified.await;
     }
 }

@@ -156,7 +156,18 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
             }
             Kind::Stop => {
                 if let Some(s) = lookup(shared, head.stream) {
-                    lock(&s.inner).state.on_stop(head.value);
+                    {
+                        let inner = &mut *lock(&s.inner);
+                        inner.state.on_stop(head.value);
+                        if let Some(code) = inner.state.peer_stopped() {
+                            let peer = &shared.peer;
+                            inner.set_gone(|| StreamError::Stopped {
+                                peer: peer.clone(),
+                                stream: head.stream.into(),
+                                code,
+                            });
+                        }
+                    }
                     s.send_notify.notify_waiters();
                 }
             }

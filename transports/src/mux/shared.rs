@@ -102,6 +102,39 @@ pub(crate) struct StreamInner {
     /// The peer reset the stream with this code: what it sent before and
     /// is still queued is discarded, not delivered (as HTTP/2's RST_STREAM).
     pub(crate) reset: Option<u32>,
+    /// Set once the peer stopped reading the stream or the connection
+    /// failed: the error a send gets ([`crate::StopSignal`]).
+    pub(crate) gone: Option<StreamError>,
+    /// The task polling this stream's [`crate::StopSignal`], woken when
+    /// `gone` is set.
+    pub(crate) gone_waker: Option<Waker>,
+}
+
+impl StreamInner {
+    /// Records why this stream's sender cannot go on (the first reason
+    /// stays) and wakes the task watching for it.
+    pub(crate) fn set_gone(&mut self, why: impl FnOnce() -> StreamError) {
+        if self.gone.is_none() {
+            self.gone = Some(why());
+        }
+        if let Some(w) = self.gone_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl crate::StopSignal for StreamShared {
+    fn poll_stopped(&self, cx: &mut Context<'_>) -> Poll<StreamError> {
+        let inner = &mut *lock(&self.inner);
+        if let Some(e) = &inner.gone {
+            return Poll::Ready(e.clone());
+        }
+        match &inner.gone_waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => inner.gone_waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
 }
 
 /// One stream, shared by its two handles and the reader.
@@ -209,6 +242,7 @@ impl Shared {
             if let Some(ev) = &mut inner.events {
                 ev.send(Event::Error(err.clone()));
             }
+            inner.set_gone(|| err.clone());
             drop(inner);
             s.send_notify.notify_waiters();
         }
@@ -225,6 +259,8 @@ impl Shared {
                 events: Some(Events::default()),
                 placement: None,
                 reset: None,
+                gone: None,
+                gone_waker: None,
             }),
             send_notify: Notify::new(),
         })

@@ -329,6 +329,32 @@ impl SendStream for QuicSend {
     fn id(&self) -> u64 {
         self.id
     }
+
+    fn stop_signal(&self) -> Option<Arc<dyn crate::StopSignal>> {
+        let (stopped, peer, id) = (self.inner.stopped(), self.peer.clone(), self.id);
+        Some(Arc::new(QuicStop(std::sync::Mutex::new(Box::pin(async move {
+            match stopped.await {
+                Ok(Some(code)) => StreamError::Stopped {
+                    peer,
+                    stream: id,
+                    code: u32::try_from(code.into_inner()).unwrap_or(u32::MAX),
+                },
+                // Read to its end: a finished stream has nothing to stop.
+                Ok(None) => std::future::pending().await,
+                Err(quinn::StoppedError::ConnectionLost(c)) => conn_error(&peer, &c),
+                Err(e) => StreamError::Protocol { peer, reason: e.to_string() },
+            }
+        })))))
+    }
+}
+
+/// quinn's `stopped` future behind [`crate::StopSignal`].
+struct QuicStop(std::sync::Mutex<std::pin::Pin<Box<dyn std::future::Future<Output = StreamError> + Send>>>);
+
+impl crate::StopSignal for QuicStop {
+    fn poll_stopped(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<StreamError> {
+        crate::sync::lock(&self.0).as_mut().poll(cx)
+    }
 }
 
 struct QuicRecv {

@@ -835,6 +835,14 @@ impl SendStream for ShmSend {
     fn id(&self) -> u64 {
         self.inner.id()
     }
+
+    async fn stopped(&mut self) -> StreamError {
+        self.inner.stopped().await
+    }
+
+    fn stop_signal(&self) -> Option<Arc<dyn crate::StopSignal>> {
+        self.inner.stop_signal()
+    }
 }
 
 impl Drop for ShmSend {

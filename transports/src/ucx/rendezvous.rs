@@ -546,6 +546,10 @@ impl SendStream for UcxSend {
     async fn stopped(&mut self) -> StreamError {
         self.inner.stopped().await
     }
+
+    fn stop_signal(&self) -> Option<Arc<dyn crate::StopSignal>> {
+        self.inner.stop_signal()
+    }
 }
 
 /// How many UCX receives a stream keeps posted: while one chunk arrives,
