@@ -200,11 +200,12 @@ impl CallContext {
     }
 
     /// True once the caller gave up or the deadline passed: long-running
-    /// sync handlers should check this and return early. The caller gave
-    /// up when it dropped the call or its connection failed (over
-    /// transports that tell the server: tcp, unix, shm, QUIC, UCX; gRPC
-    /// and HTTP calls end at their deadline only); async handlers are then
-    /// dropped as well.
+    /// sync handlers should check this and return early (a function made
+    /// with `Function::inline` runs to its end without a chance to). The
+    /// caller gave up when it dropped the call or its connection failed,
+    /// over transports that tell the server (tcp, tcps, unix, shm, QUIC,
+    /// UCX; gRPC and HTTP calls are not told, they end at their deadline
+    /// if any); async handlers are then dropped as well.
     pub fn is_cancelled(&self) -> bool {
         self.cancel.is_cancelled() || self.deadline.is_some_and(|d| Instant::now() >= d)
     }

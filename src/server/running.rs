@@ -58,7 +58,8 @@ impl RunningServer {
 
     /// Graceful shutdown: stop accepting, report NOT_SERVING, refuse new
     /// calls, wait for calls in flight (up to `shutdown_grace`), then close
-    /// every connection.
+    /// every connection (calls still running then are cancelled as if their
+    /// clients went away: see [`CallContext::is_cancelled`](crate::CallContext::is_cancelled)).
     pub async fn shutdown(mut self) {
         self.stop_accepting().await;
         let deadline = tokio::time::Instant::now() + self.inner.config.shutdown_grace;

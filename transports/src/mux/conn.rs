@@ -406,6 +406,41 @@ mod tests {
         assert!(ended.is_ok(), "the server kept answering a peer that reads nothing");
     }
 
+    /// A stream's stop signal (what a server watches while a handler runs)
+    /// fires when the peer stops reading, also when the STOP came before
+    /// anyone polled it, and when the connection fails while the peer's
+    /// handles are all still open.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_stop_signal_fires_on_a_stop_and_on_a_failed_connection() {
+        use crate::SendStream;
+        let poll = |sig: &Arc<dyn crate::StopSignal>| {
+            let sig = sig.clone();
+            tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(move |cx| sig.poll_stopped(cx)))
+        };
+        let (client, server) = pair(None).await;
+        // A STOP before the first poll.
+        let (mut tx, rx) = client.open_halves().unwrap();
+        tx.try_send_frames(vec![chunk(0)], false).unwrap().unwrap();
+        let (stx, _srx) = server.accept_halves().await.unwrap();
+        let sig = stx.stop_signal().expect("the mux can tell");
+        drop(rx);
+        let e = poll(&sig).await.expect("the STOP is seen");
+        assert!(matches!(e, StreamError::Stopped { .. }), "{e}");
+        // A waiting watcher woken by the connection's failure; the peer's
+        // handles stay open (no STOP).
+        let (mut tx, _rx) = client.open_halves().unwrap();
+        tx.try_send_frames(vec![chunk(0)], false).unwrap().unwrap();
+        let (stx, _srx) = server.accept_halves().await.unwrap();
+        let sig = stx.stop_signal().unwrap();
+        let waiting = tokio::spawn(poll(&sig));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "nothing stopped yet");
+        drop(client);
+        let e = waiting.await.unwrap().expect("the failure is seen");
+        assert!(matches!(e, StreamError::ConnectionClosed { .. } | StreamError::Io { .. }), "{e}");
+        drop((tx, stx));
+    }
+
     /// A receiver dropped before its stream sent anything (no id yet, so
     /// no STOP then) stops the peer once the stream opens.
     #[tokio::test(flavor = "current_thread")]

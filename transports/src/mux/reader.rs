@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 
 use super::frame::{Decoder, FrameStart, HEAD_LEN, Head, Kind, code};
 use super::handles::{MuxRecv, MuxSend};
-use super::shared::{Event, Shared, StreamShared};
+use super::shared::{Event, Shared, StreamInner, StreamShared};
 use super::state::{Admit, Route, Violation, goaway_reason};
 use super::writer::Out;
 use crate::sync::lock;
@@ -117,6 +117,14 @@ struct Reader<'a, R> {
 /// the writer's queue without bound (HTTP/2's ping and reset floods).
 const MAX_OWED_REPLIES: usize = 1024;
 
+/// Once the peer has stopped `stream` (STOP, or a refusing RESET), its
+/// stop signal fires with the error a send gets.
+fn note_stopped(shared: &Shared, stream: u32, inner: &mut StreamInner) {
+    if let Some(code) = inner.state.peer_stopped() {
+        inner.set_gone(|| StreamError::Stopped { peer: shared.peer.clone(), stream: stream.into(), code });
+    }
+}
+
 async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: &Accepted) -> Result<(), StreamError> {
     let mut r = Reader {
         shared,
@@ -147,6 +155,8 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
                                 ev.send(Event::Reset(head.value));
                             }
                         }
+                        // A refused stream's sender is stopped too.
+                        note_stopped(shared, head.stream, inner);
                     }
                     // A refused stream's sender stops (see `on_reset`).
                     if head.value == code::REFUSED {
@@ -159,14 +169,7 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, rd: R, accept: 
                     {
                         let inner = &mut *lock(&s.inner);
                         inner.state.on_stop(head.value);
-                        if let Some(code) = inner.state.peer_stopped() {
-                            let peer = &shared.peer;
-                            inner.set_gone(|| StreamError::Stopped {
-                                peer: peer.clone(),
-                                stream: head.stream.into(),
-                                code,
-                            });
-                        }
+                        note_stopped(shared, head.stream, inner);
                     }
                     s.send_notify.notify_waiters();
                 }
