@@ -291,6 +291,59 @@ async fn a_call_whose_client_goes_away_stops_on_the_server() {
     assert_eq!(saw_cancel.load(Ordering::SeqCst), 4, "each sync handler saw its cancellation");
 }
 
+/// Sync handlers that never look at `is_cancelled` run on after their
+/// clients went away, but keep their place on the connection: past its
+/// stream limit a new call is refused with RESOURCE_EXHAUSTED (not queued
+/// on the blocking pool without bound) until they finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_sync_calls_keep_their_place_on_the_connection() {
+    let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (s, f) = (started.clone(), finished.clone());
+    let stubborn = Function::new("stubborn", move |_c| {
+        s.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(5));
+        f.fetch_add(1, Ordering::SeqCst);
+        Ok(Output::default())
+    });
+    let mut cfg = ServerConfig::default();
+    cfg.transport.max_concurrent_streams = 4;
+    let (server, _d) = start(Server::builder().config(cfg).function(stubborn), "unix").await;
+    let c = Client::connect(&server.url()).await.unwrap();
+    for i in 0..4 {
+        let ran = async {
+            while started.load(Ordering::SeqCst) <= i {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            r = c.call("stubborn", vec![], Args::new()) => panic!("returned: {r:?}"),
+            _ = tokio::time::timeout(Duration::from_secs(20), ran) => {}
+        }
+    }
+    assert_eq!(started.load(Ordering::SeqCst), 4);
+    let e = c.call("stubborn", vec![], Args::new()).await.unwrap_err();
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "the abandoned calls were still running");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.to_string().contains("still running"), "{e}");
+    assert_eq!(started.load(Ordering::SeqCst), 4, "the refused call never ran");
+    // Once they finish, the connection serves again.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while finished.load(Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < give_up, "the abandoned calls never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = async {
+        loop {
+            match c.health().await {
+                Ok(h) => return h,
+                Err(e) => assert_eq!(e.code(), Code::ResourceExhausted, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(tokio::time::timeout(Duration::from_secs(10), served).await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_stop_server_work() {
     let ticks = Arc::new(AtomicUsize::new(0));

@@ -125,6 +125,26 @@ impl Cancellation {
     }
 }
 
+/// What a call's work keeps alive until it is dropped: the server counts
+/// the call against its connection until then (a sync handler's thread,
+/// which owns its context, may run on after its client went away).
+#[derive(Clone)]
+pub(crate) struct Held {
+    _slot: Arc<dyn Send + Sync>,
+}
+
+impl Held {
+    pub(crate) fn new(slot: impl Send + Sync + 'static) -> Self {
+        Self { _slot: Arc::new(slot) }
+    }
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Held")
+    }
+}
+
 /// Facts about a call, for handlers.
 #[derive(Clone, Debug)]
 pub struct CallContext {
@@ -136,6 +156,8 @@ pub struct CallContext {
     pub(crate) max_tensor_bytes: u64,
     pub(crate) budget: Option<MemoryBudget>,
     pub(crate) params: BTreeMap<String, String>,
+    /// The call's place on its connection (see [`Held`]).
+    pub(crate) held: Option<Held>,
 }
 
 impl CallContext {
@@ -150,6 +172,7 @@ impl CallContext {
             max_tensor_bytes: crate::config::DEFAULT_MAX_TENSOR_BYTES,
             budget: None,
             params: BTreeMap::new(),
+            held: None,
         }
     }
 

@@ -88,8 +88,10 @@ impl TaskManager {
         let id = format!("task-{:016x}", rand::random::<u64>());
         let cancel = Cancellation::default();
         call.ctx.cancel = cancel.clone();
-        // The caller's deadline bounds its submit call, not the task.
+        // The caller's deadline bounds its submit call, not the task, and
+        // the task does not hold the submit's place on its connection.
         call.ctx.deadline = None;
+        call.ctx.held = None;
         let (done_tx, done_rx) = watch::channel(false);
         {
             let mut map = lock(&self.tasks);

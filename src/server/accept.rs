@@ -15,7 +15,7 @@ use tensorwire_transports::{AcceptError, Connection, Endpoint, Incoming, ListenE
 
 use super::auth::peer_key;
 use super::dispatch;
-use super::state::{ConnEntry, ServerInner, Session};
+use super::state::{ConnEntry, ServerInner, Session, StreamSlot};
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
 use crate::util::sync::lock;
 
@@ -141,15 +141,10 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
                 break;
             }
         };
-        let (inner, session) = (inner.clone(), session.clone());
-        session.active.fetch_add(1, Ordering::AcqRel);
+        let slot = StreamSlot::new(&inner, &session);
         // Boxed where it is made: the call's future (kilobytes) is then
         // copied once, not again into the spawned task.
-        let call = Box::pin(dispatch::handle_stream(inner, session.clone(), inc));
-        tokio::spawn(async move {
-            call.await;
-            session.active.fetch_sub(1, Ordering::AcqRel);
-        });
+        tokio::spawn(Box::pin(dispatch::handle_stream(inner.clone(), session.clone(), inc, slot)));
     }
     lock(&inner.conns).remove(&id);
 }

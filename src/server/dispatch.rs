@@ -19,15 +19,14 @@ use crate::pipeline::wire::PROTOCOL_VERSION;
 use crate::pipeline::wire::{codec_to_wire, compression_to_wire};
 use crate::pipeline::writer::FrameWriter;
 use crate::rpc::call::Call;
-use crate::rpc::call::{CallContext, Cancellation, FetchRequest};
+use crate::rpc::call::{CallContext, Cancellation, FetchRequest, Held};
 use crate::rpc::listing::{Selector, StoredTensor};
 use crate::rpc::tasks::TaskState;
 use crate::rpc::value::Args;
-use crate::server::state::{ServerInner, Session};
+use crate::server::state::{ServerInner, Session, StreamSlot};
 use crate::util::sync::lock;
 
-pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming) {
-    let _active = inner.begin_call();
+pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, inc: Incoming, slot: StreamSlot) {
     let Incoming { kind, send, recv, peer } = inc;
     // A stateless transport's calls come from many clients: each names its own.
     let peer: Arc<str> = peer.map_or_else(|| sess.peer.clone(), Arc::from);
@@ -82,9 +81,23 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     if !inner.serving.load(Ordering::Acquire) && !matches!(method, Method::Health | Method::Info) {
         return fail(&mut writer, Status::refused("the server is shutting down; the call was not processed")).await;
     }
+    // Calls whose work runs on after their client went away (sync handlers
+    // that do not look at `is_cancelled`) keep their place: a connection
+    // cannot pile up more of them than it may open streams.
+    let limit = inner.config.transport.max_concurrent_streams;
+    let running = sess.active.load(Ordering::Acquire);
+    if !sess.info.stateless && running > limit {
+        let msg = format!(
+            "{running} calls of this connection are still running (the limit is {limit}, including calls whose client went away); retry later"
+        );
+        return fail(&mut writer, Status::resource_exhausted(msg)).await;
+    }
     inner.stats.calls.fetch_add(1, Ordering::Relaxed);
     let timeout_ms = req.timeout_ms;
     let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+    // The call's place is held until its reply is written (this function's
+    // end) and until its work is gone (its context, which the work owns).
+    let held = Held::new(slot);
     let ctx = CallContext {
         peer,
         transport: sess.info.transport,
@@ -95,6 +108,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         max_tensor_bytes: inner.config.limits.max_tensor_bytes,
         budget: Some(inner.budget.clone()),
         params: req.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        held: Some(held.clone()),
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
     // The context moves into the call (no copy of its strings); the

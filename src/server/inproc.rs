@@ -13,7 +13,7 @@ use tensorwire_proto::v1::{self, frame_header::Kind};
 use tensorwire_transports::{ConnectionInfo, Incoming, StreamKind};
 
 use super::dispatch;
-use super::state::{ServerInner, Session};
+use super::state::{ServerInner, Session, StreamSlot};
 use crate::config::Encoding;
 use crate::error::CallError;
 use crate::pipeline::link::{LinkEstimator, SharedCaps};
@@ -57,11 +57,12 @@ pub(crate) async fn start(
         handshaken: AtomicBool::new(true),
         caps: Mutex::new(SharedCaps::default()),
         link: Arc::new(LinkEstimator::default()),
-        active: std::sync::atomic::AtomicU32::new(1),
+        active: std::sync::atomic::AtomicU32::new(0),
         since: std::time::Instant::now(),
     });
     let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in), peer: None };
-    tokio::spawn(Box::pin(dispatch::handle_stream(inner.clone(), session, inc)));
+    let slot = StreamSlot::new(inner, &session);
+    tokio::spawn(Box::pin(dispatch::handle_stream(inner.clone(), session, inc, slot)));
     // Raw codec in the pipe: tensors pass as slices of their bytes.
     let enc = Encoding { codec: CodecKind::Raw, compression: CompressionMode::Auto, ..Default::default() };
     let mut writer = FrameWriter::new(Box::new(to_server), enc, SharedCaps::default(), u64::MAX, None);

@@ -123,7 +123,9 @@ pub(crate) struct Session {
     pub(crate) handshaken: AtomicBool,
     pub(crate) caps: Mutex<SharedCaps>,
     pub(crate) link: Arc<LinkEstimator>,
-    /// Streams being served now (0: the connection is idle).
+    /// Streams being served now, and calls whose work runs on after their
+    /// stream ended (a sync handler whose client went away): 0 when the
+    /// connection is idle. See [`StreamSlot`].
     pub(crate) active: std::sync::atomic::AtomicU32,
     /// When the connection was accepted (the oldest idle one makes room first).
     pub(crate) since: Instant,
@@ -132,5 +134,28 @@ pub(crate) struct Session {
 impl Session {
     pub(crate) fn caps(&self) -> SharedCaps {
         lock(&self.caps).clone()
+    }
+}
+
+/// One stream's place on its connection (`Session::active`) and in the
+/// server's active calls, from its accept until the call's work is gone:
+/// a call's context holds it, so a sync handler that runs on after its
+/// client went away keeps counting (and a connection cannot pile up such
+/// work past `max_concurrent_streams`).
+pub(crate) struct StreamSlot {
+    session: Arc<Session>,
+    _call: ActiveCall,
+}
+
+impl StreamSlot {
+    pub(crate) fn new(inner: &Arc<ServerInner>, session: &Arc<Session>) -> Self {
+        session.active.fetch_add(1, Ordering::AcqRel);
+        Self { session: session.clone(), _call: inner.begin_call() }
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.session.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
