@@ -292,22 +292,33 @@ async fn a_call_whose_client_goes_away_stops_on_the_server() {
 }
 
 /// Sync handlers that never look at `is_cancelled` run on after their
-/// clients went away, but keep their place on the connection: past its
-/// stream limit a new call is refused with RESOURCE_EXHAUSTED (not queued
-/// on the blocking pool without bound) until they finish.
+/// clients went away, but keep their place on the connection: once as
+/// many of them run as it may open streams, a new call there is refused
+/// with RESOURCE_EXHAUSTED (not queued on the blocking pool without bound)
+/// until they finish; health is still answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_sync_calls_keep_their_place_on_the_connection() {
     let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (s, f) = (started.clone(), finished.clone());
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, f, r) = (started.clone(), finished.clone(), release.clone());
     let stubborn = Function::new("stubborn", move |_c| {
         s.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(5));
+        let t0 = Instant::now();
+        while !r.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         f.fetch_add(1, Ordering::SeqCst);
+        Ok(Output::default())
+    });
+    let quick_runs = Arc::new(AtomicUsize::new(0));
+    let q = quick_runs.clone();
+    let quick = Function::new("quick", move |_c| {
+        q.fetch_add(1, Ordering::SeqCst);
         Ok(Output::default())
     });
     let mut cfg = ServerConfig::default();
     cfg.transport.max_concurrent_streams = 4;
-    let (server, _d) = start(Server::builder().config(cfg).function(stubborn), "unix").await;
+    let (server, _d) = start(Server::builder().config(cfg).function(stubborn).function(quick), "unix").await;
     let c = Client::connect(&server.url()).await.unwrap();
     for i in 0..4 {
         let ran = async {
@@ -321,27 +332,37 @@ async fn abandoned_sync_calls_keep_their_place_on_the_connection() {
         }
     }
     assert_eq!(started.load(Ordering::SeqCst), 4);
-    let e = c.call("stubborn", vec![], Args::new()).await.unwrap_err();
-    assert_eq!(finished.load(Ordering::SeqCst), 0, "the abandoned calls were still running");
+    // Once the four calls' streams have ended on the server, new calls
+    // are refused (until then they may still run).
+    let refused = async {
+        loop {
+            match c.call("quick", vec![], Args::new()).await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(e) => return e,
+            }
+        }
+    };
+    let e = tokio::time::timeout(Duration::from_secs(20), refused).await.expect("a call is refused");
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
     assert!(e.to_string().contains("still running"), "{e}");
-    assert_eq!(started.load(Ordering::SeqCst), 4, "the refused call never ran");
-    // Once they finish, the connection serves again.
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while finished.load(Ordering::SeqCst) < 4 {
-        assert!(Instant::now() < give_up, "the abandoned calls never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let runs = quick_runs.load(Ordering::SeqCst);
+    assert_eq!(c.call("quick", vec![], Args::new()).await.unwrap_err().code(), Code::ResourceExhausted);
+    assert_eq!(quick_runs.load(Ordering::SeqCst), runs, "a refused call does not run");
+    assert!(c.health().await.unwrap(), "health is answered");
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+    // When they finish, the connection serves again.
+    release.store(true, Ordering::SeqCst);
     let served = async {
         loop {
-            match c.health().await {
-                Ok(h) => return h,
+            match c.call("quick", vec![], Args::new()).await {
+                Ok(_) => return,
                 Err(e) => assert_eq!(e.code(), Code::ResourceExhausted, "{e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    assert!(tokio::time::timeout(Duration::from_secs(10), served).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(30), served).await.expect("served again");
+    assert_eq!(finished.load(Ordering::SeqCst), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

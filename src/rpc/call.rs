@@ -134,8 +134,8 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(slot: impl Send + Sync + 'static) -> Self {
-        Self { _slot: Arc::new(slot) }
+    pub(crate) fn new(slot: Arc<dyn Send + Sync>) -> Self {
+        Self { _slot: slot }
     }
 }
 
@@ -145,8 +145,9 @@ impl std::fmt::Debug for Held {
     }
 }
 
-/// Facts about a call, for handlers.
-#[derive(Clone, Debug)]
+/// Facts about a call, for handlers. A clone is a copy of the facts: it
+/// does not hold the call's place on its connection.
+#[derive(Debug)]
 pub struct CallContext {
     pub(crate) peer: Arc<str>,
     pub(crate) transport: &'static str,
@@ -158,6 +159,22 @@ pub struct CallContext {
     pub(crate) params: BTreeMap<String, String>,
     /// The call's place on its connection (see [`Held`]).
     pub(crate) held: Option<Held>,
+}
+
+impl Clone for CallContext {
+    fn clone(&self) -> Self {
+        Self {
+            peer: self.peer.clone(),
+            transport: self.transport,
+            function: self.function.clone(),
+            deadline: self.deadline,
+            cancel: self.cancel.clone(),
+            max_tensor_bytes: self.max_tensor_bytes,
+            budget: self.budget.clone(),
+            params: self.params.clone(),
+            held: None,
+        }
+    }
 }
 
 impl CallContext {

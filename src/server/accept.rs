@@ -103,6 +103,7 @@ async fn serve_connection(inner: Arc<ServerInner>, conn: Arc<dyn Connection>) {
         caps: Mutex::new(SharedCaps::default()),
         link: Arc::new(LinkEstimator::default()),
         active: AtomicU32::new(0),
+        orphaned: AtomicU32::new(0),
         since: Instant::now(),
     });
     {

@@ -81,14 +81,15 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     if !inner.serving.load(Ordering::Acquire) && !matches!(method, Method::Health | Method::Info) {
         return fail(&mut writer, Status::refused("the server is shutting down; the call was not processed")).await;
     }
-    // Calls whose work runs on after their client went away (sync handlers
-    // that do not look at `is_cancelled`) keep their place: a connection
-    // cannot pile up more of them than it may open streams.
+    // Work that runs on after its call ended (a sync handler that does not
+    // look at `is_cancelled` after its client went away or its deadline
+    // passed) keeps its place: a connection cannot pile up more of it than
+    // it may open streams. Health and info are always answered.
     let limit = inner.config.transport.max_concurrent_streams;
-    let running = sess.active.load(Ordering::Acquire);
-    if !sess.info.stateless && running > limit {
+    let orphaned = sess.orphaned.load(Ordering::Acquire);
+    if !sess.info.stateless && orphaned >= limit && !matches!(method, Method::Health | Method::Info) {
         let msg = format!(
-            "{running} calls of this connection are still running (the limit is {limit}, including calls whose client went away); retry later"
+            "{orphaned} calls of this connection whose clients went away are still running (the limit is {limit}); retry later"
         );
         return fail(&mut writer, Status::resource_exhausted(msg)).await;
     }
@@ -97,7 +98,8 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
     // The call's place is held until its reply is written (this function's
     // end) and until its work is gone (its context, which the work owns).
-    let held = Held::new(slot);
+    let slot = Arc::new(slot);
+    let _orphan_check = OrphanCheck(&slot);
     let ctx = CallContext {
         peer,
         transport: sess.info.transport,
@@ -108,7 +110,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         max_tensor_bytes: inner.config.limits.max_tensor_bytes,
         budget: Some(inner.budget.clone()),
         params: req.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        held: Some(held.clone()),
+        held: Some(Held::new(slot.clone())),
     };
     writer.encoding = apply_response_encoding(writer.encoding.clone(), &req);
     // The context moves into the call (no copy of its strings); the
@@ -174,6 +176,18 @@ async fn until_client_gone<T>(
         Poll::Ready(Err(Status::cancelled(format!("the client stopped waiting for the reply: {e}"))))
     })
     .await
+}
+
+/// At the end of `handle_stream`: a call whose context still lives (its
+/// work runs on) is counted as orphaned on its connection until it ends.
+struct OrphanCheck<'a>(&'a Arc<StreamSlot>);
+
+impl Drop for OrphanCheck<'_> {
+    fn drop(&mut self) {
+        if Arc::strong_count(self.0) > 1 {
+            self.0.orphan();
+        }
+    }
 }
 
 fn method_of(kind: StreamKind) -> Option<Method> {

@@ -58,6 +58,7 @@ pub(crate) async fn start(
         caps: Mutex::new(SharedCaps::default()),
         link: Arc::new(LinkEstimator::default()),
         active: std::sync::atomic::AtomicU32::new(0),
+        orphaned: std::sync::atomic::AtomicU32::new(0),
         since: std::time::Instant::now(),
     });
     let inc = Incoming { kind: Some(kind), send: Box::new(server_out), recv: Box::new(server_in), peer: None };

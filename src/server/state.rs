@@ -127,6 +127,8 @@ pub(crate) struct Session {
     /// stream ended (a sync handler whose client went away): 0 when the
     /// connection is idle. See [`StreamSlot`].
     pub(crate) active: std::sync::atomic::AtomicU32,
+    /// Of those, calls whose stream ended while their work runs on.
+    pub(crate) orphaned: std::sync::atomic::AtomicU32,
     /// When the connection was accepted (the oldest idle one makes room first).
     pub(crate) since: Instant,
 }
@@ -145,17 +147,29 @@ impl Session {
 pub(crate) struct StreamSlot {
     session: Arc<Session>,
     _call: ActiveCall,
+    /// Counted in `Session::orphaned` (its stream ended, its work not).
+    orphaned: AtomicBool,
 }
 
 impl StreamSlot {
     pub(crate) fn new(inner: &Arc<ServerInner>, session: &Arc<Session>) -> Self {
         session.active.fetch_add(1, Ordering::AcqRel);
-        Self { session: session.clone(), _call: inner.begin_call() }
+        Self { session: session.clone(), _call: inner.begin_call(), orphaned: AtomicBool::new(false) }
+    }
+
+    /// The stream ended while the call's work runs on.
+    pub(crate) fn orphan(&self) {
+        if !self.orphaned.swap(true, Ordering::AcqRel) {
+            self.session.orphaned.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.session.active.fetch_sub(1, Ordering::AcqRel);
+        if *self.orphaned.get_mut() {
+            self.session.orphaned.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }

@@ -421,11 +421,19 @@ mod tests {
         // A STOP before the first poll.
         let (mut tx, rx) = client.open_halves().unwrap();
         tx.try_send_frames(vec![chunk(0)], false).unwrap().unwrap();
-        let (stx, _srx) = server.accept_halves().await.unwrap();
+        let (mut stx, _srx) = server.accept_halves().await.unwrap();
         let sig = stx.stop_signal().expect("the mux can tell");
         drop(rx);
-        let e = poll(&sig).await.expect("the STOP is seen");
-        assert!(matches!(e, StreamError::Stopped { .. }), "{e}");
+        // Wait until the STOP has arrived (a send says so), then poll once.
+        let stopped = tokio::time::timeout(Duration::from_secs(10), async {
+            while stx.send_inner(chunk(1), false).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        });
+        stopped.await.expect("the STOP arrives");
+        let waker = std::task::Waker::noop();
+        let first = sig.poll_stopped(&mut std::task::Context::from_waker(waker));
+        assert!(matches!(first, std::task::Poll::Ready(StreamError::Stopped { .. })), "{first:?}");
         // A waiting watcher woken by the connection's failure; the peer's
         // handles stay open (no STOP).
         let (mut tx, _rx) = client.open_halves().unwrap();
