@@ -222,6 +222,31 @@ async fn tasks_run_report_cancel_and_expire() {
     assert_eq!(c.task_status("task-nope").await.unwrap_err().code(), Code::NotFound);
 }
 
+/// `spin_async` (ticks until dropped) and `spin_sync` (ticks until its
+/// context is cancelled, then counts that in `saw_cancel`), both counting
+/// into `ticks`. Sync code cannot be interrupted: it checks its context.
+fn spinning_functions(ticks: &Arc<AtomicUsize>, saw_cancel: &Arc<AtomicUsize>) -> tensorwire::ServerBuilder {
+    let (t1, t2, seen) = (ticks.clone(), ticks.clone(), saw_cancel.clone());
+    let spin_async = Function::new_async("spin_async", move |_c| {
+        let t = t1.clone();
+        async move {
+            loop {
+                t.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let spin_sync = Function::new("spin_sync", move |c| {
+        while !c.ctx.is_cancelled() {
+            t2.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        seen.fetch_add(1, Ordering::SeqCst);
+        Err(Status::cancelled("cancelled"))
+    });
+    Server::builder().function(spin_async).function(spin_sync)
+}
+
 /// Waits (at most 10 s) until `ticks` stops moving for 200 ms; true when it did.
 async fn settles(ticks: &AtomicUsize) -> bool {
     let give_up = Instant::now() + Duration::from_secs(10);
@@ -245,27 +270,7 @@ async fn settles(ticks: &AtomicUsize) -> bool {
 async fn a_call_whose_client_goes_away_stops_on_the_server() {
     let ticks = Arc::new(AtomicUsize::new(0));
     let saw_cancel = Arc::new(AtomicUsize::new(0));
-    let functions = || {
-        let (t1, t2, seen) = (ticks.clone(), ticks.clone(), saw_cancel.clone());
-        let spin_async = Function::new_async("spin_async", move |_c| {
-            let t = t1.clone();
-            async move {
-                loop {
-                    t.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        });
-        let spin_sync = Function::new("spin_sync", move |c| {
-            while !c.ctx.is_cancelled() {
-                t2.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            seen.fetch_add(1, Ordering::SeqCst);
-            Err(Status::cancelled("the client went away"))
-        });
-        Server::builder().function(spin_async).function(spin_sync)
-    };
+    let functions = || spinning_functions(&ticks, &saw_cancel);
     for scheme in ["unix", "tcp", "shm", "quic"] {
         let (server, _d) = start(functions(), scheme).await;
         let c = Client::connect(&server.url()).await.unwrap();
@@ -368,25 +373,7 @@ async fn abandoned_sync_calls_keep_their_place_on_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_stop_server_work() {
     let ticks = Arc::new(AtomicUsize::new(0));
-    let (t1, t2) = (ticks.clone(), ticks.clone());
-    let spin_async = Function::new_async("spin_async", move |_c| {
-        let t = t1.clone();
-        async move {
-            loop {
-                t.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    });
-    // Sync code cannot be interrupted: it checks its context.
-    let spin_sync = Function::new("spin_sync", move |c| {
-        while !c.ctx.is_cancelled() {
-            t2.fetch_add(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Err(Status::cancelled("deadline"))
-    });
-    let (server, _d) = start(Server::builder().function(spin_async).function(spin_sync), "unix").await;
+    let (server, _d) = start(spinning_functions(&ticks, &Arc::new(AtomicUsize::new(0))), "unix").await;
     let c = Client::connect(&server.url()).await.unwrap();
     for f in ["spin_async", "spin_sync"] {
         let start = Instant::now();
