@@ -1,5 +1,6 @@
 //! Serving one stream: the handshake, or one call dispatched by its method.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
@@ -117,19 +118,19 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     // deadline and client-gone paths keep a handle on its cancellation.
     let cancel = ctx.cancel.clone();
     let gone = writer.stop_signal();
-    let work = run_method(&inner, method, req, &mut input, &mut writer, ctx);
-    let work = until_client_gone(work, gone, &cancel);
-    let result = match deadline {
-        Some(d) => match tokio::time::timeout_at(d.into(), work).await {
-            Ok(r) => r,
-            Err(_) => {
-                // Async work stops here (its future is dropped); sync work
-                // sees ctx.is_cancelled() and should return.
-                cancel.cancel();
-                Err(Status::deadline_exceeded(format!("the call's deadline of {timeout_ms} ms passed on the server")))
+    let result = {
+        // Polled in place: the method's future (kilobytes) is made where
+        // it runs, not moved through a deadline and a client-gone wrapper
+        // (each move a memcpy of its whole size on every call).
+        let mut work = std::pin::pin!(run_method(&inner, method, req, &mut input, &mut writer, ctx));
+        let mut expiry = std::pin::pin!(deadline.map(|d| tokio::time::sleep_until(d.into())));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = work.as_mut().poll(cx) {
+                return Poll::Ready(r);
             }
-        },
-        None => work.await,
+            stopped_early(cx, expiry.as_mut().as_pin_mut(), gone.as_deref(), &cancel, timeout_ms)
+        })
+        .await
     };
     // A handler that noticed the deadline and gave up reports it as such.
     let result = match (result, deadline) {
@@ -153,29 +154,34 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
     }
 }
 
-/// Runs `work` until it ends or the client stops reading the reply (it
-/// dropped the call, or its connection failed): then async work stops (its
-/// future is dropped), sync work sees `ctx.is_cancelled()`, and the call
-/// fails with CANCELLED (which the client no longer reads). `gone` is
-/// looked at only while the work waits: a call that completes at once
-/// pays nothing for it.
-async fn until_client_gone<T>(
-    work: impl Future<Output = Result<T, Status>>,
-    gone: Option<Arc<dyn StopSignal>>,
+/// Why a call whose work is still pending ends now, if it does: its
+/// deadline passed (`expiry`), or its client stopped reading the reply (it
+/// dropped the call, or its connection failed: `gone`). Either way the
+/// call's cancellation fires (async work stops as its future is dropped,
+/// sync work sees `ctx.is_cancelled()`). Looked at only while the work
+/// waits: a call that completes at once pays nothing for it.
+fn stopped_early<T>(
+    cx: &mut std::task::Context<'_>,
+    expiry: Option<Pin<&mut tokio::time::Sleep>>,
+    gone: Option<&dyn StopSignal>,
     cancel: &Cancellation,
-) -> Result<T, Status> {
-    let Some(gone) = gone else { return work.await };
-    let mut work = std::pin::pin!(work);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = work.as_mut().poll(cx) {
-            return Poll::Ready(r);
-        }
-        let e = std::task::ready!(gone.poll_stopped(cx));
+    timeout_ms: u64,
+) -> Poll<Result<T, Status>> {
+    if let Some(e) = expiry
+        && e.poll(cx).is_ready()
+    {
+        cancel.cancel();
+        let msg = format!("the call's deadline of {timeout_ms} ms passed on the server");
+        return Poll::Ready(Err(Status::deadline_exceeded(msg)));
+    }
+    if let Some(g) = gone
+        && let Poll::Ready(e) = g.poll_stopped(cx)
+    {
         cancel.cancel();
         tracing::debug!(error = %e, "the client went away: call cancelled");
-        Poll::Ready(Err(Status::cancelled(format!("the client stopped waiting for the reply: {e}"))))
-    })
-    .await
+        return Poll::Ready(Err(Status::cancelled(format!("the client stopped waiting for the reply: {e}"))));
+    }
+    Poll::Pending
 }
 
 /// At the end of `handle_stream`: a call whose context still lives (its
