@@ -265,13 +265,14 @@ async fn settles(ticks: &AtomicUsize) -> bool {
 /// A client that drops a call (no deadline sent: the caller's own timeout,
 /// as a `select!` or Ctrl-C would) stops the work on the server: async
 /// handlers are dropped, sync ones see `is_cancelled()`; the connection
-/// serves the next call. (gRPC cannot tell the server yet: see SECURITY.md.)
+/// serves the next call. Over gRPC the client's reset of the call tells the
+/// server (the response body is dropped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_client_goes_away_stops_on_the_server() {
     let ticks = Arc::new(AtomicUsize::new(0));
     let saw_cancel = Arc::new(AtomicUsize::new(0));
     let functions = || spinning_functions(&ticks, &saw_cancel);
-    for scheme in ["unix", "tcp", "shm", "quic"] {
+    for scheme in ["unix", "tcp", "shm", "quic", "grpc"] {
         let (server, _d) = start(functions(), scheme).await;
         let c = Client::connect(&server.url()).await.unwrap();
         for f in ["spin_async", "spin_sync"] {
@@ -293,7 +294,7 @@ async fn a_call_whose_client_goes_away_stops_on_the_server() {
         }
         server.shutdown().await;
     }
-    assert_eq!(saw_cancel.load(Ordering::SeqCst), 4, "each sync handler saw its cancellation");
+    assert_eq!(saw_cancel.load(Ordering::SeqCst), 5, "each sync handler saw its cancellation");
 }
 
 /// Sync handlers that never look at `is_cancelled` run on after their

@@ -244,8 +244,8 @@ impl CallContext {
     /// with `Function::inline` runs to its end without a chance to). The
     /// caller gave up when it dropped the call or its connection failed,
     /// over transports that tell the server (tcp, tcps, unix, shm, QUIC,
-    /// UCX; gRPC and HTTP calls are not told, they end at their deadline
-    /// if any); async handlers are then dropped as well.
+    /// UCX, gRPC; HTTP calls are not told, they end at their deadline if
+    /// any); async handlers are then dropped as well.
     pub fn is_cancelled(&self) -> bool {
         self.cancel.is_cancelled() || self.deadline.is_some_and(|d| Instant::now() >= d)
     }

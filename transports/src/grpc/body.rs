@@ -7,7 +7,9 @@
 //! counted in its connection's account, see `held`).
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http_body::Body as HttpBody;
@@ -18,6 +20,8 @@ use tonic::codegen::http::HeaderMap;
 
 use super::held::Share;
 use super::wire::{self, Decoded, Limits, WireError};
+use crate::sync::lock;
+use crate::{StopSignal, StreamError};
 
 /// What a stream's sending half queues: a frame, or (server) the status
 /// that ends the call.
@@ -45,6 +49,48 @@ pub(crate) enum Ending {
     UnaryResponse,
 }
 
+/// Whether a call's response was given up by its client: set when the
+/// response body is dropped before its end (the client reset the call,
+/// or its connection went, and the HTTP/2 server dropped the body), so
+/// that the server's work on the call can stop
+/// ([`SendStream::stop_signal`]).
+pub(crate) struct Abandoned {
+    set: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+    peer: Arc<str>,
+    id: u64,
+}
+
+impl Abandoned {
+    /// Not set yet, for the call `id` from `peer` (named in the error).
+    pub(crate) fn new(peer: Arc<str>, id: u64) -> Self {
+        Self { set: AtomicBool::new(false), waker: Mutex::new(None), peer, id }
+    }
+
+    /// The client gave the response up: wakes whoever waits.
+    pub(crate) fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        if let Some(w) = lock(&self.waker).take() {
+            w.wake();
+        }
+    }
+}
+
+impl StopSignal for Abandoned {
+    fn poll_stopped(&self, cx: &mut Context<'_>) -> Poll<StreamError> {
+        let stopped = || StreamError::Stopped { peer: self.peer.to_string(), stream: self.id, code: 0 };
+        if self.set.load(Ordering::Acquire) {
+            return Poll::Ready(stopped());
+        }
+        *lock(&self.waker) = Some(cx.waker().clone());
+        // Set between the first look and the waker's registration: seen here.
+        if self.set.load(Ordering::Acquire) {
+            return Poll::Ready(stopped());
+        }
+        Poll::Pending
+    }
+}
+
 /// Frames as a gRPC call's body.
 pub(crate) struct OutBody {
     rx: mpsc::Receiver<Item>,
@@ -57,13 +103,21 @@ pub(crate) struct OutBody {
     ending: Ending,
     sent: usize,
     done: bool,
+    /// Told when the body goes before its end (a response the client gave up).
+    abandoned: Option<Arc<Abandoned>>,
 }
 
 impl OutBody {
     /// A body sending what `rx` yields (after `first`), refusing messages
     /// over `limit` bytes.
     pub(crate) fn new(rx: mpsc::Receiver<Item>, first: Option<Item>, limit: usize, ending: Ending) -> Self {
-        Self { rx, first, payload: None, limit, ending, sent: 0, done: false }
+        Self { rx, first, payload: None, limit, ending, sent: 0, done: false, abandoned: None }
+    }
+
+    /// Sets `abandoned` if this body is dropped before its end.
+    pub(crate) fn abandoned_by(mut self, abandoned: Arc<Abandoned>) -> Self {
+        self.abandoned = Some(abandoned);
+        self
     }
 
     /// Ends the body with `status`: trailers for a response, an error for
@@ -79,6 +133,16 @@ impl OutBody {
             let _ = Status::new(s.code(), "").add_header(&mut trailers);
         }
         Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+    }
+}
+
+impl Drop for OutBody {
+    fn drop(&mut self) {
+        if !self.done
+            && let Some(a) = &self.abandoned
+        {
+            a.set();
+        }
     }
 }
 

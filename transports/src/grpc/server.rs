@@ -18,7 +18,7 @@ use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::transport::server::TcpConnectInfo;
 
-use super::body::{Ending, Item, MessageSource, OutBody};
+use super::body::{Abandoned, Ending, Item, MessageSource, OutBody};
 use super::held::{Held, Share};
 use super::io::{ConnectInfo, Io, Slots, Sock, refuse};
 use super::settings::{
@@ -118,7 +118,7 @@ impl ServiceInner {
         method: Method,
         source: Source,
         remote: Option<SocketAddr>,
-    ) -> Result<mpsc::Receiver<Item>, Status> {
+    ) -> Result<(mpsc::Receiver<Item>, Arc<Abandoned>), Status> {
         if *self.closed.borrow() {
             return Err(Status::unavailable("the server is shutting down"));
         }
@@ -127,11 +127,12 @@ impl ServiceInner {
         // The call's own client, where known, in its errors too.
         let client = remote.map(|a| a.to_string());
         let peer: Arc<str> = client.as_deref().map_or_else(|| self.peer.clone(), Arc::from);
-        let send = ResponseSend { tx: Some(tx), id, peer: peer.clone() };
+        let abandoned = Arc::new(Abandoned::new(peer.clone(), id));
+        let send = ResponseSend { tx: Some(tx), id, peer: peer.clone(), abandoned: abandoned.clone() };
         let recv = GrpcRecv::new(source, id, peer);
         let inc = Incoming { kind: Some(method.kind()), send: Box::new(send), recv: Box::new(recv), peer: client };
         self.tx.send(inc).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
-        Ok(rx)
+        Ok((rx, abandoned))
     }
 
     async fn handle(&self, req: http::Request<Body>) -> http::Response<Body> {
@@ -174,9 +175,9 @@ impl ServiceInner {
             source = source.counted(share);
         }
         match self.start(method, Source::Wire(Box::new(source)), remote).await {
-            Ok(rx) => {
+            Ok((rx, abandoned)) => {
                 let ending = if method.unary_response() { Ending::UnaryResponse } else { Ending::Response };
-                let body = OutBody::new(rx, None, self.limits.message, ending);
+                let body = OutBody::new(rx, None, self.limits.message, ending).abandoned_by(abandoned);
                 let mut resp = http::Response::new(Body::new(body));
                 resp.headers_mut()
                     .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));

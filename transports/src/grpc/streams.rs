@@ -9,9 +9,9 @@ use tensorwire_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
-use super::body::{Item, MessageSource};
+use super::body::{Abandoned, Item, MessageSource};
 use super::wire::Decoded;
-use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StreamError};
+use crate::{Frame, Payload, Placement, Received, RecvStream, SendStream, StopSignal, StreamError};
 
 /// Frames queued per direction of a call before the sender waits (on top of
 /// HTTP/2's flow-control windows, which bound what is in flight).
@@ -163,6 +163,8 @@ pub(crate) struct ResponseSend {
     pub(crate) tx: Option<mpsc::Sender<Result<v1::Frame, Status>>>,
     pub(crate) id: u64,
     pub(crate) peer: Arc<str>,
+    /// Set when the response's body goes before it ended.
+    pub(crate) abandoned: Arc<Abandoned>,
 }
 
 #[async_trait]
@@ -181,6 +183,10 @@ impl SendStream for ResponseSend {
     async fn finish(&mut self) -> Result<(), StreamError> {
         self.tx = None;
         Ok(())
+    }
+
+    fn stop_signal(&self) -> Option<Arc<dyn StopSignal>> {
+        Some(self.abandoned.clone())
     }
 
     fn reset(&mut self, code: u32) {
