@@ -140,6 +140,15 @@ fn test_server(config: ServerConfig) -> tensorwire::ServerBuilder {
             tokio::time::sleep(Duration::from_millis(ms as u64)).await;
             Ok(Output::value("slept"))
         }))
+        .function(Function::new_async("busy", |_c| async move {
+            // Always ready, but for tokio's coop budget, which it spends on
+            // every poll: its deadline must stop it all the same.
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(3) {
+                tokio::task::coop::consume_budget().await;
+            }
+            Ok(Output::value("finished"))
+        }))
         .function(Function::batched(
             "negate",
             BatchConfig { max_batch: 8, max_wait: Duration::from_millis(20), ..Default::default() },
@@ -256,6 +265,10 @@ async fn functions_tasks_batches_deadlines_and_statistics() {
     let e = post(&addr, "\r\nX-Timeout-Ms: 50", &req("sleep", json!([2000]), 5)).await.json();
     assert_eq!(e["error"]["code"], -32008, "{e}");
     assert!(started.elapsed() < Duration::from_secs(1));
+    // Also for work that never waits (HTTP calls are not told their client
+    // went: only the deadline stops it).
+    let e = post(&addr, "\r\nX-Timeout-Ms: 50", &req("busy", json!([]), 6)).await.json();
+    assert_eq!(e["error"]["code"], -32008, "{e}");
     // A batch of 8 calls of a batched function runs through the server's
     // batcher (fewer runs than calls) and answers each in its place.
     let batch: Vec<Json> = (0..8).map(|i| req("negate", json!([f32_tensor(&[i as f32], &[1])]), i)).collect();

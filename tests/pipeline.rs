@@ -148,10 +148,10 @@ mod suite {
     }
 
     /// Dropping an exchange's answers before their end cancels the call:
-    /// the server's handler is dropped (the client stopped reading) or
-    /// sees its inputs cut (transports that cannot tell the server the
-    /// client stopped reading: gRPC), never a clean end (over QUIC a
-    /// dropped stream used to be finished).
+    /// the server's handler is dropped (told the client stopped reading;
+    /// over gRPC by the call's reset) or sees its inputs cut (when the cut
+    /// reaches it first), never a clean end (over QUIC a dropped stream
+    /// used to be finished).
     pub async fn a_dropped_exchange_is_cut_not_ended(scheme: &str) {
         let rec = Recording::default();
         let (server, _dir) = start(tensorwire::Server::builder().service(rec.clone()), scheme).await;

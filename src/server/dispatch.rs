@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tensorwire_codecs::{Compression, available_codecs};
 use tensorwire_proto::v1::{self, Method, frame_header::Kind};
 use tensorwire_transports::{Incoming, StopSignal, StreamKind};
+use tokio::task::coop::{Unconstrained, unconstrained};
 
 use crate::config::VERSION;
 use crate::error::{Code, Status};
@@ -123,7 +124,11 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
         // it runs, not moved through a deadline and a client-gone wrapper
         // (each move a memcpy of its whole size on every call).
         let mut work = std::pin::pin!(run_method(&inner, method, req, &mut input, &mut writer, ctx));
-        let mut expiry = std::pin::pin!(deadline.map(|d| tokio::time::sleep_until(d.into())));
+        // Unconstrained, as `tokio::time::timeout`'s own check: work that
+        // spends the task's whole coop budget on every poll (a streaming
+        // call whose input is always ready) would otherwise never see the
+        // timer fire.
+        let mut expiry = std::pin::pin!(deadline.map(|d| unconstrained(tokio::time::sleep_until(d.into()))));
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = work.as_mut().poll(cx) {
                 return Poll::Ready(r);
@@ -162,7 +167,7 @@ pub(crate) async fn handle_stream(inner: Arc<ServerInner>, sess: Arc<Session>, i
 /// waits: a call that completes at once pays nothing for it.
 fn stopped_early<T>(
     cx: &mut std::task::Context<'_>,
-    expiry: Option<Pin<&mut tokio::time::Sleep>>,
+    expiry: Option<Pin<&mut Unconstrained<tokio::time::Sleep>>>,
     gone: Option<&dyn StopSignal>,
     cancel: &Cancellation,
     timeout_ms: u64,

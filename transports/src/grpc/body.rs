@@ -53,7 +53,7 @@ pub(crate) enum Ending {
 /// response body is dropped before its end (the client reset the call,
 /// or its connection went, and the HTTP/2 server dropped the body), so
 /// that the server's work on the call can stop
-/// ([`SendStream::stop_signal`]).
+/// ([`SendStream::stop_signal`](crate::SendStream::stop_signal)).
 pub(crate) struct Abandoned {
     set: AtomicBool,
     waker: Mutex<Option<Waker>>,
@@ -70,7 +70,8 @@ impl Abandoned {
     /// The client gave the response up: wakes whoever waits.
     pub(crate) fn set(&self) {
         self.set.store(true, Ordering::Release);
-        if let Some(w) = lock(&self.waker).take() {
+        let waker = lock(&self.waker).take();
+        if let Some(w) = waker {
             w.wake();
         }
     }
@@ -82,7 +83,12 @@ impl StopSignal for Abandoned {
         if self.set.load(Ordering::Acquire) {
             return Poll::Ready(stopped());
         }
-        *lock(&self.waker) = Some(cx.waker().clone());
+        {
+            let mut w = lock(&self.waker);
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+        }
         // Set between the first look and the waker's registration: seen here.
         if self.set.load(Ordering::Acquire) {
             return Poll::Ready(stopped());
