@@ -267,7 +267,7 @@ async fn functions_tasks_batches_deadlines_and_statistics() {
     assert!(started.elapsed() < Duration::from_secs(1));
     // Also for work that never waits (HTTP calls are not told their client
     // went: only the deadline stops it).
-    let e = post(&addr, "\r\nX-Timeout-Ms: 50", &req("busy", json!([]), 6)).await.json();
+    let e = post(&addr, "\r\nX-Timeout-Ms: 50", &req("busy", json!([]), 10)).await.json();
     assert_eq!(e["error"]["code"], -32008, "{e}");
     // A batch of 8 calls of a batched function runs through the server's
     // batcher (fewer runs than calls) and answers each in its place.
@@ -284,7 +284,7 @@ async fn functions_tasks_batches_deadlines_and_statistics() {
     assert_eq!(negate.calls, 8);
     assert!(negate.batches < 8, "{negate:?}");
     assert!(info.transports.contains(&"http".to_string()));
-    assert!(info.calls >= 13 && info.failures >= 3, "{info:?}");
+    assert!(info.calls >= 14 && info.failures >= 4, "{info:?}");
     // A task over JSON-RPC, cancelled before it finishes.
     let t = post(&addr, "", &req("tensorwire.submit", json!(["sleep", [5000]]), 6)).await.json();
     let id = t["result"]["task_id"].as_str().unwrap().to_string();
