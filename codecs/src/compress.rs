@@ -105,7 +105,8 @@ pub enum CompressionMode {
     Fixed(Compression),
     /// Choose per tensor from a sample of its first chunk and the link's
     /// bandwidth (see [`choose_auto`]); never slower than no compression
-    /// by the estimate.
+    /// by the estimate. Over shared memory tensorwire does not compress in
+    /// this mode.
     #[default]
     Auto,
 }
