@@ -178,7 +178,8 @@ pub struct Encoding {
     /// Codec (default raw).
     pub codec: CodecKind,
     /// Compression (default auto: on only when the link is measured or
-    /// configured slow enough for it to pay).
+    /// configured slow enough for it to pay; off over shared memory unless
+    /// `link_bandwidth` is set).
     pub compression: CompressionMode,
     /// Byte-shuffle multi-byte elements before compressing with a fixed
     /// compression (auto decides for itself). Default false.
