@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use tensorwire_codecs::{CodecKind, CompressionMode, DecodeLimits};
+use tensorwire_codecs::{CodecKind, Compression, CompressionMode, DecodeLimits};
 use tensorwire_proto::v1;
 use tensorwire_transports::TransportConfig;
 
@@ -218,6 +218,19 @@ impl Encoding {
     /// [`ConnectionInfo::transport`](crate::transport::ConnectionInfo) name).
     pub fn chunk_checksums_on(&self, transport: &str) -> bool {
         self.chunk_checksums.unwrap_or(transport == "tcp")
+    }
+
+    /// The compression used over `transport`: as configured, except that
+    /// `auto` is off over shared memory (`shm`, `unix+shm`) unless
+    /// `link_bandwidth` is given: no compressor outruns a copy between
+    /// processes, only uncompressed tensors go into shared segments, and
+    /// the trial on every tensor's sample would cost more than it could save.
+    pub fn compression_on(&self, transport: &str) -> CompressionMode {
+        let shared_memory = transport == "shm" || transport.ends_with("+shm");
+        if shared_memory && self.compression == CompressionMode::Auto && self.link_bandwidth.is_none() {
+            return CompressionMode::Fixed(Compression::None);
+        }
+        self.compression
     }
 
     /// The chunk size actually used: at least 4 KiB, a multiple of 64 so

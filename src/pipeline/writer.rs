@@ -85,21 +85,13 @@ impl FrameWriter {
 
     /// Adapts to the connection's `transport`: a CRC-32C with every chunk
     /// when the encoding asks for it there (see [`Encoding::chunk_checksums`]),
-    /// over `ucx://` chunks of at least [`UCX_CHUNK_BYTES`], and over shared
-    /// memory no `auto` compression: no compressor outruns a copy between
-    /// processes, only uncompressed tensors go into shared segments, and
-    /// the trial on every tensor's sample would cost more than it could
-    /// save (a fixed compression, or `auto` with a `link_bandwidth` given,
-    /// is still used).
+    /// the compression used there ([`Encoding::compression_on`]), and over
+    /// `ucx://` chunks of at least [`UCX_CHUNK_BYTES`].
     pub(crate) fn for_transport(mut self, transport: &str) -> Self {
         self.chunk_checksums = self.encoding.chunk_checksums_on(transport);
+        self.encoding.compression = self.encoding.compression_on(transport);
         if transport == "ucx" {
             self.min_chunk = UCX_CHUNK_BYTES;
-        }
-        let shared_memory = transport == "shm" || transport.ends_with("+shm");
-        if shared_memory && self.encoding.compression == CompressionMode::Auto && self.encoding.link_bandwidth.is_none()
-        {
-            self.encoding.compression = CompressionMode::Fixed(Compression::None);
         }
         self
     }
