@@ -93,6 +93,12 @@ impl Activity {
         self.asleep.store(true, Ordering::Release);
     }
 
+    /// Whether spinning is on (a non-zero spin).
+    #[cfg_attr(not(feature = "shm"), allow(dead_code))]
+    pub(crate) fn spins(&self) -> bool {
+        !self.spin.is_zero()
+    }
+
     fn moves(&self) -> u64 {
         self.reads.load(Ordering::Relaxed).wrapping_add(self.writes.load(Ordering::Relaxed))
     }

@@ -86,20 +86,21 @@ pub async fn connect(endpoint: &Endpoint, config: &TransportConfig) -> Result<Ar
         let ring_bytes = if endpoint.query("ring") == Some("0") { 0 } else { config.shm.ring_bytes };
         let offer = crate::shm::offer(&s, ring_bytes).await.map_err(io)?;
         let (side, hook) = crate::shm::side_channel(offer.side, &config.shm).map_err(io)?;
-        let c = match offer.ring {
+        let (c, busy) = match offer.ring {
             Some(parts) => {
                 let (rd, wr) =
                     crate::shm::ring_halves(crate::shm::ring::End::Client, parts, s, config.spin).map_err(io)?;
-                mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await
+                let busy = wr.busy();
+                (mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await, Some(busy))
             }
             None => {
                 let (rd, wr) = s.into_split();
-                mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await
+                (mux::establish_with(rd, wr, Role::Client, info, config, Some(hook)).await, None)
             }
-        }
-        .map_err(|e| establish_error(endpoint, e))?;
+        };
+        let c = c.map_err(|e| establish_error(endpoint, e))?;
         let name = if endpoint.scheme() == crate::Scheme::Shm { "shm" } else { "unix+shm" };
-        return Ok(crate::shm::wrap(c, side, &config.shm, name));
+        return Ok(crate::shm::wrap(c, side, &config.shm, name, busy));
     }
     #[cfg(not(feature = "shm"))]
     let _ = wants_shm(endpoint, config);
@@ -200,23 +201,26 @@ impl RawAccept for UnixAccept {
                     None => (None, None),
                 };
                 let (side, hook) = side.map_or((None, None), |(s, h)| (Some(s), Some(h)));
-                let established = match ring {
+                let (established, busy) = match ring {
                     Some(parts) => {
                         match crate::shm::ring_halves(crate::shm::ring::End::Server, parts, s, config.spin) {
-                            Ok((rd, wr)) => mux::establish_with(rd, wr, Role::Server, info, &config, hook).await,
+                            Ok((rd, wr)) => {
+                                let busy = wr.busy();
+                                (mux::establish_with(rd, wr, Role::Server, info, &config, hook).await, Some(busy))
+                            }
                             Err(e) => return drop(tx.send(Err(fail(e.to_string()))).await),
                         }
                     }
                     None => {
                         let (rd, wr) = s.into_split();
-                        mux::establish_with(rd, wr, Role::Server, info, &config, hook).await
+                        (mux::establish_with(rd, wr, Role::Server, info, &config, hook).await, None)
                     }
                 };
                 let r = match established {
                     Ok(c) => match side {
                         Some(side) => {
                             let name = if shm { "shm" } else { "unix+shm" };
-                            Ok(crate::shm::wrap(c, side, &config.shm, name))
+                            Ok(crate::shm::wrap(c, side, &config.shm, name, busy))
                         }
                         None => Ok(c as Arc<dyn Connection>),
                     },

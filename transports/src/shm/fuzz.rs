@@ -126,7 +126,8 @@ pub fn side_channel(data: &[u8]) {
 /// - 2: the peer scribbles a control word: ring (1 bit of the next byte),
 ///   which word, and an 8-byte value;
 /// - 3 / 4: the consumer / producer arms for sleep;
-/// - 5: both check whether the other side must be woken.
+/// - 5: both check whether the other side must be woken, and the consumer
+///   whether the producer announced it is busy.
 ///
 /// Until the first scribble, every byte read must be the next byte
 /// written; after one, calls may fail (as `Corrupt`) but never panic or
@@ -188,7 +189,7 @@ pub fn ring(data: &[u8]) {
             3 => drop(c.arm()),
             4 => drop(p.arm()),
             _ => {
-                let _ = (p.consumer_asleep(), c.producer_asleep());
+                let _ = (p.consumer_asleep(), c.producer_asleep(), c.peer_busy());
             }
         }
     }

@@ -260,6 +260,9 @@ struct Shared {
     warming: Arc<AtomicBool>,
     /// Segment size of the last tensor no ready segment fitted.
     last_miss: Mutex<Option<u64>>,
+    /// Announces copies into segments to the peer's ring reader (None:
+    /// frames go through the socket, whose reader has no such word).
+    busy: Option<ring::Busy>,
 }
 
 struct Lent {
@@ -324,6 +327,7 @@ impl Shared {
             warmed: Arc::new(Mutex::new(None)),
             warming: Arc::new(AtomicBool::new(false)),
             last_miss: Mutex::new(None),
+            busy: None,
         }
     }
 
@@ -543,8 +547,9 @@ pub(crate) fn wrap(
     side: Arc<SideChannel>,
     cfg: &ShmConfig,
     transport: &'static str,
+    busy: Option<ring::Busy>,
 ) -> Arc<dyn Connection> {
-    let shared = Arc::new(Shared::new(side, cfg, inner.info().peer));
+    let shared = Arc::new(Shared { busy, ..Shared::new(side, cfg, inner.info().peer) });
     let s = shared.clone();
     let reader = tokio::spawn(async move {
         // When the side channel ends (the peer closed its connection, or
@@ -565,7 +570,13 @@ impl Connection for ShmConnection {
     async fn open(&self, _kind: StreamKind) -> Result<(Box<dyn SendStream>, Box<dyn RecvStream>), StreamError> {
         let (tx, rx) = self.inner.open_halves()?;
         Ok((
-            Box::new(ShmSend { inner: tx, shared: self.shared.clone(), pending: None, sending: Vec::new() }),
+            Box::new(ShmSend {
+                inner: tx,
+                shared: self.shared.clone(),
+                pending: None,
+                sending: Vec::new(),
+                announced: false,
+            }),
             Box::new(ShmRecv::new(rx, self.shared.clone())),
         ))
     }
@@ -574,7 +585,13 @@ impl Connection for ShmConnection {
         let (send, recv) = self.inner.accept_halves().await?;
         Ok(Incoming {
             kind: None,
-            send: Box::new(ShmSend { inner: send, shared: self.shared.clone(), pending: None, sending: Vec::new() }),
+            send: Box::new(ShmSend {
+                inner: send,
+                shared: self.shared.clone(),
+                pending: None,
+                sending: Vec::new(),
+                announced: false,
+            }),
             recv: Box::new(ShmRecv::new(recv, self.shared.clone())),
             peer: None,
         })
@@ -629,6 +646,9 @@ struct ShmSend {
     /// Loans (segment id, loan) whose frames are being sent: if the send
     /// fails or is dropped before it returns, they did not leave.
     sending: Vec<(u64, u64)>,
+    /// A copy into a segment was announced to the peer ([`ring::Busy`]):
+    /// cleared once its frame was sent (or the stream gave up).
+    announced: bool,
 }
 
 /// Marks the loans of a send that did not return Ok as unsent (also when
@@ -708,6 +728,11 @@ impl ShmSend {
                 _ = mux.wait_closed() => return Err(mux.error()),
             };
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
+            // The peer's reader, waiting for this tensor, keeps spinning
+            // through a short copy instead of sleeping through it.
+            if let Some(b) = &self.shared.busy {
+                self.announced |= b.announce(c.total_bytes);
+            }
             self.shared.filling.fetch_add(1, Ordering::AcqRel);
             let Some(Kind::Chunk(first)) = frame.header.kind.clone() else { return Ok(vec![frame]) };
             self.pending = Some(Filling { id, seg, permit, first, headers: Vec::new() });
@@ -752,6 +777,15 @@ impl ShmSend {
         Ok(vec![Frame::header_only(FrameHeader::new(Kind::Chunk(head)))])
     }
 
+    /// Withdraws the announcement of a copy (see [`Self::announced`]).
+    fn unannounce(&mut self) {
+        if std::mem::take(&mut self.announced)
+            && let Some(b) = &self.shared.busy
+        {
+            b.clear();
+        }
+    }
+
     fn take_pending(&mut self) -> Option<Filling> {
         let f = self.pending.take()?;
         self.shared.filling.fetch_sub(1, Ordering::AcqRel);
@@ -782,6 +816,9 @@ impl SendStream for ShmSend {
             1 => g.0.inner.send_inner(frames.into_iter().next().unwrap_or_default(), false).await,
             _ => g.0.inner.send_frames(frames, false).await,
         };
+        if g.0.pending.is_none() {
+            g.0.unannounce();
+        }
         g.done(r)
     }
 
@@ -813,6 +850,9 @@ impl SendStream for ShmSend {
             return g.done(r);
         }
         let r = g.0.inner.send_frames(out, fin).await;
+        if g.0.pending.is_none() {
+            g.0.unannounce();
+        }
         g.done(r)
     }
 
@@ -826,6 +866,7 @@ impl SendStream for ShmSend {
     }
 
     fn reset(&mut self, code: u32) {
+        self.unannounce();
         if let Some(f) = self.take_pending() {
             self.shared.give_back(f.id, f.seg);
         }
@@ -847,6 +888,7 @@ impl SendStream for ShmSend {
 
 impl Drop for ShmSend {
     fn drop(&mut self) {
+        self.unannounce();
         // A stream dropped in the middle of a tensor: the segment stays ours.
         if let Some(f) = self.take_pending() {
             self.shared.give_back(f.id, f.seg);

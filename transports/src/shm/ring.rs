@@ -23,7 +23,11 @@
 //!   connection's last activity, then sets its "waiting" word and sleeps
 //!   on a doorbell (a Unix datagram socket pair) that the other side rings
 //!   only when it sees that word (a store, a full fence, a load on each
-//!   side: no lost wake-ups). An idle connection costs nothing; a busy one
+//!   side: no lost wake-ups). A sender about to copy a tensor into a
+//!   shared segment (nothing on the ring meanwhile) announces until when
+//!   it will be busy ([`Busy`]), and the peer's reader spins until then
+//!   instead of sleeping through a copy of a MiB or so and paying a wake-up
+//!   when its frame comes. An idle connection costs nothing; a busy one
 //!   rings no doorbells (the runtime's non-blocking I/O check between
 //!   spins is its only system call). Each side owns its ends' file
 //!   descriptions and never blocks on them (see `doorbell`).
@@ -52,6 +56,9 @@ use crate::spin::{Activity, Spin, spin_again};
 
 /// Producer position (bytes ever written), written by the producer only.
 const HEAD: usize = 0;
+/// Until when (CLOCK_MONOTONIC nanoseconds; 0: no such time) the producer
+/// expects to publish again soon, written by the producer only (see [`Busy`]).
+const BUSY_UNTIL: usize = 8;
 /// Consumer position (bytes ever read), written by the consumer only.
 const TAIL: usize = 64;
 /// Non-zero while the consumer sleeps or is about to (cleared by the producer that wakes it).
@@ -62,6 +69,55 @@ const PRODUCER_WAITING: usize = 192;
 const CLOSED: usize = 196;
 /// Start of the data area, after the control words (one cache line each).
 const DATA: usize = 256;
+
+/// The longest a [`Busy`] announcement keeps the peer's reader spinning.
+pub(crate) const MAX_BUSY: Duration = Duration::from_millis(2);
+
+/// What a [`Busy`] announcement assumes a copy of a tensor into a segment
+/// takes, per byte: slower than any copy measured (6 GiB/s and up, warm),
+/// so that the peer spins until the frame comes.
+const BUSY_COPY_BYTES_PER_SEC: u64 = 4 << 30;
+
+/// Slack on top of the estimated copy ([`Busy::announce`]).
+const BUSY_SLACK: Duration = Duration::from_micros(100);
+
+/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of a
+/// host (outside time namespaces, where [`MAX_BUSY`] bounds the damage).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
+/// A producer's announcement that bytes follow soon, for the peer's
+/// reader to keep spinning instead of sleeping: a sender copying a tensor
+/// into a shared segment writes nothing on the ring until the copy is done
+/// (tens of microseconds for a MiB), longer than the reader spins after its
+/// last read, and a reader that sleeps costs a thread wake-up (tens of
+/// microseconds on a VM) when the frame naming the segment comes.
+pub(crate) struct Busy(Ring);
+
+impl Busy {
+    /// A copy of `bytes` starts: the peer's reader spins until it should be
+    /// done (estimated at [`BUSY_COPY_BYTES_PER_SEC`], plus [`BUSY_SLACK`]);
+    /// false (nothing announced) when that is more than [`MAX_BUSY`] away: a
+    /// long copy pays one wake-up at its end and no spinning meanwhile.
+    pub(crate) fn announce(&self, bytes: u64) -> bool {
+        let copy_ns = bytes.saturating_mul(1_000_000_000) / BUSY_COPY_BYTES_PER_SEC;
+        let ns = copy_ns.saturating_add(BUSY_SLACK.as_nanos() as u64);
+        if ns > MAX_BUSY.as_nanos() as u64 {
+            return false;
+        }
+        self.0.word(BUSY_UNTIL).store(monotonic_ns().saturating_add(ns), Ordering::Relaxed);
+        true
+    }
+
+    /// The announced bytes were published: nothing more to spin for.
+    pub(crate) fn clear(&self) {
+        self.0.word(BUSY_UNTIL).store(0, Ordering::Relaxed);
+    }
+}
 
 /// Smallest data area of one direction.
 pub(crate) const MIN_RING: usize = 4 << 10;
@@ -165,14 +221,15 @@ impl Region {
     }
 
     /// Overwrites a 64-bit control word of ring `i` as a hostile peer
-    /// could (`which`: 0 head, 1 tail, 2 the flags).
+    /// could (`which`: 0 head, 1 tail, 2 the flags, 3 the busy time).
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn scribble(self: &Arc<Self>, i: usize, which: u8, value: u64) {
         let ring = self.ring(i);
-        let off = match which % 3 {
+        let off = match which % 4 {
             0 => HEAD,
             1 => TAIL,
-            _ => PRODUCER_WAITING,
+            2 => PRODUCER_WAITING,
+            _ => BUSY_UNTIL,
         };
         ring.word(off).store(value, Ordering::SeqCst);
         ring.flag(CONSUMER_WAITING).store(value as u32, Ordering::SeqCst);
@@ -360,6 +417,18 @@ impl Consumer {
             w.store(0, Ordering::Relaxed);
         }
         Ok(ready)
+    }
+
+    /// Whether the producer announced that it publishes again soon (see
+    /// [`Busy`]): until the time it gave, and only if that is at most
+    /// [`MAX_BUSY`] away (a stale or hostile word keeps nobody spinning).
+    pub fn peer_busy(&self) -> bool {
+        let until = self.ring.word(BUSY_UNTIL).load(Ordering::Relaxed);
+        if until == 0 {
+            return false;
+        }
+        let now = monotonic_ns();
+        until > now && until - now <= MAX_BUSY.as_nanos() as u64
     }
 
     /// Whether the producer has closed this direction.
@@ -617,7 +686,7 @@ impl AsyncRead for RingReader {
                 }
                 continue;
             }
-            if this.spin.reading(&this.activity) {
+            if this.spin.reading(&this.activity) || (this.activity.spins() && this.rx.peer_busy()) {
                 return spin_again(cx);
             }
             if this.rx.arm()? {
@@ -680,6 +749,11 @@ fn hung_up(fd: &OwnedFd) -> bool {
 }
 
 impl RingWriter {
+    /// This writer's [`Busy`] announcements.
+    pub(crate) fn busy(&self) -> Busy {
+        Busy(Ring { region: self.tx.ring.region.clone(), base: self.tx.ring.base })
+    }
+
     /// Writes what fits now; `WouldBlock` when the ring is full.
     fn write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         if self.gone.get() {
@@ -786,6 +860,7 @@ impl crate::mux::MuxWrite for RingWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spin::WakeCount;
     use std::os::fd::FromRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1013,6 +1088,52 @@ mod tests {
         let full = vec![0u8; 4 * MIN_RING];
         let w = tokio::time::timeout(Duration::from_secs(10), cwr.write_all(&full)).await.expect("no hang");
         assert_eq!(w.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_busy_announcement_holds_until_its_time_and_never_far_ahead() {
+        let (region, _fd) = Region::create(MIN_RING).unwrap();
+        let (busy, c) = (Busy(region.ring(0)), region.consumer(0));
+        assert!(!c.peer_busy(), "nothing announced");
+        assert!(busy.announce(1 << 20), "a MiB copies well within MAX_BUSY");
+        assert!(c.peer_busy());
+        busy.clear();
+        assert!(!c.peer_busy());
+        assert!(!busy.announce(1 << 30), "a GiB is too long to spin for");
+        assert!(!c.peer_busy());
+        // A stale or hostile word keeps nobody spinning.
+        let now = monotonic_ns();
+        for v in [1, now.saturating_sub(1), now + 10 * MAX_BUSY.as_nanos() as u64, u64::MAX] {
+            region.scribble(0, 3, v);
+            assert!(!c.peer_busy(), "{v}");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reader_spins_instead_of_sleeping_while_its_peer_is_busy() {
+        let ((mut crd, _cwr), (_srd, swr)) = pair(MIN_RING, Duration::from_micros(1));
+        let busy = swr.busy();
+        let count = WakeCount::new();
+        let waker = count.waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut space = [0u8; 16];
+        let mut buf = ReadBuf::new(&mut space);
+        let waiting = || swr.tx.ring.flag(CONSUMER_WAITING).load(Ordering::SeqCst);
+        for _ in 0..2000 {
+            // Renewed before each poll: the test does not race its expiry.
+            assert!(busy.announce(1 << 20));
+            assert!(Pin::new(&mut crd).poll_read(&mut cx, &mut buf).is_pending());
+            assert_eq!(waiting(), 0, "a reader whose peer is busy spins: it never arms");
+        }
+        busy.clear();
+        for _ in 0..10_000 {
+            assert!(Pin::new(&mut crd).poll_read(&mut cx, &mut buf).is_pending());
+            if waiting() != 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_micros(10)).await;
+        }
+        panic!("the reader never went to sleep once its peer was no longer busy");
     }
 
     #[tokio::test(flavor = "current_thread")]
