@@ -71,10 +71,11 @@ const BLOCK: usize = 4096;
 /// eight 10.6, sixteen 9.4; glibc `memcpy` of the same pieces 6.4.
 ///
 /// # Safety
-/// `src..src+len` must be readable, `dst..dst+len` writable, the two must
-/// not overlap, and `dst` must be 16-byte aligned.
+/// `len` must be a multiple of 64, `src..src+len` readable, `dst..dst+len`
+/// writable, the two must not overlap, and `dst` must be 16-byte aligned.
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_lines(dst: *mut u8, src: *const u8, len: usize) {
+    debug_assert!(len.is_multiple_of(64), "stream_lines copies whole lines");
     let mut done = 0;
     while len - done >= 4 * BLOCK {
         let mut off = 0;

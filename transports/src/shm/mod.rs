@@ -575,7 +575,7 @@ impl Connection for ShmConnection {
                 shared: self.shared.clone(),
                 pending: None,
                 sending: Vec::new(),
-                announced: false,
+                announced: None,
             }),
             Box::new(ShmRecv::new(rx, self.shared.clone())),
         ))
@@ -590,7 +590,7 @@ impl Connection for ShmConnection {
                 shared: self.shared.clone(),
                 pending: None,
                 sending: Vec::new(),
-                announced: false,
+                announced: None,
             }),
             recv: Box::new(ShmRecv::new(recv, self.shared.clone())),
             peer: None,
@@ -646,9 +646,10 @@ struct ShmSend {
     /// Loans (segment id, loan) whose frames are being sent: if the send
     /// fails or is dropped before it returns, they did not leave.
     sending: Vec<(u64, u64)>,
-    /// A copy into a segment was announced to the peer ([`ring::Busy`]):
-    /// cleared once its frame was sent (or the stream gave up).
-    announced: bool,
+    /// A copy into a segment announced to the peer ([`ring::Busy`]), by
+    /// the time announced: cleared once its frame was sent (or the stream
+    /// gave up).
+    announced: Option<u64>,
 }
 
 /// Marks the loans of a send that did not return Ok as unsent (also when
@@ -730,8 +731,11 @@ impl ShmSend {
             let Some((id, seg, permit)) = acquired else { return Ok(vec![frame]) };
             // The peer's reader, waiting for this tensor, keeps spinning
             // through a short copy instead of sleeping through it.
-            if let Some(b) = &self.shared.busy {
-                self.announced |= b.announce(c.total_bytes);
+            if let Some(b) = &self.shared.busy
+                && let Some(until) = b.announce(c.total_bytes)
+            {
+                self.unannounce();
+                self.announced = Some(until);
             }
             self.shared.filling.fetch_add(1, Ordering::AcqRel);
             let Some(Kind::Chunk(first)) = frame.header.kind.clone() else { return Ok(vec![frame]) };
@@ -779,10 +783,10 @@ impl ShmSend {
 
     /// Withdraws the announcement of a copy (see [`Self::announced`]).
     fn unannounce(&mut self) {
-        if std::mem::take(&mut self.announced)
+        if let Some(until) = self.announced.take()
             && let Some(b) = &self.shared.busy
         {
-            b.clear();
+            b.clear(until);
         }
     }
 
@@ -836,6 +840,7 @@ impl SendStream for ShmSend {
             if needs_segment && out.iter().any(names_segment) {
                 let r = g.0.inner.send_frames(std::mem::take(&mut out), false).await;
                 if r.is_err() {
+                    g.0.unannounce();
                     return g.done(r);
                 }
                 g.0.sending.clear();
@@ -861,6 +866,7 @@ impl SendStream for ShmSend {
     }
 
     async fn finish(&mut self) -> Result<(), StreamError> {
+        self.unannounce();
         let held = self.fall_back()?;
         if held.is_empty() { self.inner.finish_now() } else { self.inner.send_frames(held, true).await }
     }
