@@ -164,3 +164,40 @@ fn send_delta_stores_the_new_version_and_names_a_wrong_base() {
     let again = last_json(&run_ok(&["fetch", "--from", &url, "--name", "w", "--json"]));
     assert_eq!(again["crc32c"], sent["crc32c"]);
 }
+
+#[test]
+fn bench_without_calls_measures_every_transport_it_is_given() {
+    // `--calls 0` skips the calls-per-second figure (it used to fail after
+    // the first transport's rows with "no exchanges to time").
+    let out = run_ok(&[
+        "bench",
+        "--transports",
+        "unix,tcp",
+        "--sizes",
+        "64K",
+        "--seconds",
+        "0.01",
+        "--rounds",
+        "1",
+        "--round-trips",
+        "20",
+        "--calls",
+        "0",
+        "--batch-examples",
+        "0",
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    for t in ["unix", "tcp"] {
+        for dir in ["send", "fetch"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r["transport"] == t && r["direction"] == dir && r["gib_per_s"].as_f64() > Some(0.0)),
+                "{t} {dir} missing: {out}"
+            );
+        }
+        let lat = rows.iter().find(|r| r["transport"] == t && r.get("rtt_4k_p50_ms").is_some()).expect(t);
+        assert!(lat["rtt_4k_p50_ms"].as_f64() > Some(0.0));
+        assert!(lat["calls_per_s_64_in_flight"].is_null(), "no calls figure with --calls 0: {lat}");
+    }
+}

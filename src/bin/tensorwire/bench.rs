@@ -49,7 +49,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     round_trips: usize,
     /// Calls per round of the calls-per-second figure (64 in flight on one
-    /// connection; the median of the rounds, after a warm-up of a tenth).
+    /// connection; the median of the rounds, after a warm-up of a tenth); 0
+    /// skips that figure and its shared-memory ring ceiling.
     #[arg(long, default_value_t = 50_000)]
     calls: usize,
     /// Examples for the batching figure (256 callers, 4 KiB inputs, over Unix); 0 skips it.
@@ -425,7 +426,9 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         }
         // The median of the rounds, after a warm-up (the first calls fault in
         // the rings' pages and fill the allocator's caches).
-        rt.block_on(calls_per_second(&client, 4096, 64, (a.calls / 10).max(64)))?;
+        if a.calls > 0 {
+            rt.block_on(calls_per_second(&client, 4096, 64, (a.calls / 10).max(64)))?;
+        }
         // Where the calls go through shared-memory rings, their ceiling
         // (two threads exchanging the same messages through two rings of
         // the transport's size) alternates with them.
@@ -433,15 +436,17 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
         // shared-memory connection has them unless its URL says `ring=0`.)
         let on_shm = matches!(client.transport(), Some("shm" | "unix+shm"));
         let rings_off = options.is_some_and(|o| o.split('&').any(|kv| kv == "ring=0"));
-        let rings = on_shm && !rings_off && cores() >= 2;
+        let rings = on_shm && !rings_off && cores() >= 2 && a.calls > 0;
         let (mut cps, mut ring_cps) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         for _ in 0..rounds {
             if rings {
                 ring_cps.push(ring_exchanges_per_second(4096, 64, ring_bytes, a.calls)?);
             }
-            cps.push(rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?);
+            if a.calls > 0 {
+                cps.push(rt.block_on(calls_per_second(&client, 4096, 64, a.calls))?);
+            }
         }
-        let cps = median(cps);
+        let cps = (a.calls > 0).then(|| median(cps));
         let ring_cps = rings.then(|| median(ring_cps));
         // (After the latency figures: this client's runtime sleeps meanwhile.)
         #[cfg(feature = "quic")]
@@ -482,15 +487,18 @@ pub fn run(a: BenchArgs) -> Result<(), BoxError> {
                     "raw_p99_ms": b99, "p50_ratio": p50 / b50, "raw_spinning_p50_ms": s50,
                     "p50_ratio_spinning": s50.map(|s| p50 / s), "spin_us": spin_us(&a),
                     "calls_per_s_64_in_flight": cps, "ring_exchanges_per_s_64_in_flight": ring_cps,
-                    "calls_ratio_to_ring": ring_cps.map(|r| cps / r)})
+                    "calls_ratio_to_ring": cps.zip(ring_cps).map(|(c, r)| c / r)})
             );
         } else {
             let (s, r) = s50
                 .map_or_else(|| ("-".to_string(), "-".to_string()), |s| (format!("{s:.4}"), format!("{:.2}", p50 / s)));
-            let (rc, rr) = ring_cps
-                .map_or_else(|| ("-".to_string(), "-".to_string()), |x| (format!("{x:.0}"), format!("{:.2}", cps / x)));
+            let (rc, rr) = ring_cps.map_or_else(
+                || ("-".to_string(), "-".to_string()),
+                |x| (format!("{x:.0}"), cps.map_or_else(|| "-".to_string(), |c| format!("{:.2}", c / x))),
+            );
+            let cps = cps.map_or_else(|| "-".to_string(), |c| format!("{c:.0}"));
             println!(
-                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>10} {:>7} {:>12.0} {:>12} {:>7}",
+                "{:<8} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>7.2} {:>10} {:>7} {:>12} {:>12} {:>7}",
                 scheme,
                 p50,
                 p99,

@@ -433,6 +433,8 @@ impl Consumer {
     /// Whether the producer announced that it publishes again soon (see
     /// [`Busy`]): until the time it gave, and only if that is at most
     /// [`MAX_BUSY`] away (a stale or hostile word keeps nobody spinning).
+    /// (The reader asks [`Self::peer_busy_at`] with the time it read.)
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn peer_busy(&self) -> bool {
         self.peer_busy_at(monotonic_ns())
     }
