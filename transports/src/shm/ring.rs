@@ -897,8 +897,8 @@ impl crate::mux::MuxWrite for RingWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spin::WakeCount;
     use std::os::fd::FromRawFd;
+    use std::task::Waker;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -1152,21 +1152,42 @@ mod tests {
         }
     }
 
+    /// Polls `crd` once by hand: it must have nothing to return.
+    fn poll_pending(crd: &mut RingReader) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut space = [0u8; 16];
+        let mut buf = ReadBuf::new(&mut space);
+        assert!(Pin::new(crd).poll_read(&mut cx, &mut buf).is_pending());
+    }
+
+    /// Whether the reader of `swr`'s ring has armed its waiting word.
+    fn armed(swr: &RingWriter) -> bool {
+        swr.tx.ring.flag(CONSUMER_WAITING).load(Ordering::SeqCst) != 0
+    }
+
+    /// Polls `crd` (calling `before` ahead of each poll, pausing `pause`
+    /// between) until it arms to sleep; false if it never does.
+    async fn goes_to_sleep(crd: &mut RingReader, swr: &RingWriter, before: impl Fn(), pause: Duration) -> bool {
+        for _ in 0..10_000 {
+            before();
+            poll_pending(crd);
+            if armed(swr) {
+                return true;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        false
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_reader_spins_instead_of_sleeping_while_its_peer_is_busy() {
         let ((mut crd, _cwr), (_srd, swr)) = pair(MIN_RING, Duration::from_micros(1));
         let busy = swr.busy();
-        let count = WakeCount::new();
-        let waker = count.waker();
-        let mut cx = Context::from_waker(&waker);
-        let mut space = [0u8; 16];
-        let mut buf = ReadBuf::new(&mut space);
-        let waiting = || swr.tx.ring.flag(CONSUMER_WAITING).load(Ordering::SeqCst);
         let start = monotonic_ns();
         let mut spun = 0;
         for _ in 0..200 {
             let until = busy.announce(1 << 20).unwrap();
-            assert!(Pin::new(&mut crd).poll_read(&mut cx, &mut buf).is_pending());
+            poll_pending(&mut crd);
             let now = monotonic_ns();
             if now >= until || now - start > MAX_BUSY.as_nanos() as u64 {
                 // The test thread was paused past a deadline: inconclusive
@@ -1174,42 +1195,29 @@ mod tests {
                 swr.tx.ring.flag(CONSUMER_WAITING).store(0, Ordering::SeqCst);
                 break;
             }
-            assert_eq!(waiting(), 0, "a reader whose peer is busy spins: it never arms");
+            assert!(!armed(&swr), "a reader whose peer is busy spins: it never arms");
             spun += 1;
         }
         assert!(spun > 0, "not one poll within the announcement: the machine is too loaded to tell");
-        busy.clear(u64::MAX);
         swr.tx.ring.word(BUSY_UNTIL).store(0, Ordering::SeqCst);
-        for _ in 0..10_000 {
-            assert!(Pin::new(&mut crd).poll_read(&mut cx, &mut buf).is_pending());
-            if waiting() != 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_micros(10)).await;
-        }
-        panic!("the reader never went to sleep once its peer was no longer busy");
+        assert!(
+            goes_to_sleep(&mut crd, &swr, || {}, Duration::from_micros(10)).await,
+            "the reader never went to sleep once its peer was no longer busy"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_peer_that_keeps_announcing_and_sends_nothing_is_slept_on() {
         let ((mut crd, _cwr), (_srd, swr)) = pair(MIN_RING, Duration::from_micros(1));
         let busy = swr.busy();
-        let count = WakeCount::new();
-        let waker = count.waker();
-        let mut cx = Context::from_waker(&waker);
-        let mut space = [0u8; 16];
-        let mut buf = ReadBuf::new(&mut space);
-        let waiting = || swr.tx.ring.flag(CONSUMER_WAITING).load(Ordering::SeqCst);
-        for _ in 0..10_000 {
-            // Renewed before every poll, as a hostile peer could.
+        // Renewed before every poll, as a hostile peer could.
+        let renew = || {
             busy.announce(1 << 20).unwrap();
-            assert!(Pin::new(&mut crd).poll_read(&mut cx, &mut buf).is_pending());
-            if waiting() != 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_micros(50)).await;
-        }
-        panic!("a reader spun for a peer that announced and sent nothing for good");
+        };
+        assert!(
+            goes_to_sleep(&mut crd, &swr, renew, Duration::from_micros(50)).await,
+            "a reader spun for a peer that announced and sent nothing for good"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
